@@ -1,0 +1,5 @@
+import sys
+
+from job.cli import main
+
+sys.exit(main(sys.argv[1:]))

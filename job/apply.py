@@ -1,0 +1,79 @@
+"""Carry out a plan: per host, re-check Kubernetes, then commit its steps in order.
+
+A step whose compare fails is never patched up here: the datastore is read again and the
+pure planner decides that host again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+import structlog
+
+from job.config import Config
+from job.datastores.base import Datastore, DatastoreError
+from job.kube import KubeError
+from job.model import Action, HostDecision, Plan, Step
+from job.plan import k8s_link, replan_host
+
+log = structlog.get_logger("calico_gc.apply")
+MAX_REPLANS = 5
+K8S_NODE_RECREATED = "k8s_node_recreated"
+
+
+class NodeChecker(Protocol):
+    def node_exists(self, name: str) -> bool: ...
+
+
+def _log_step(host: str, step: Step) -> None:
+    for write in step.writes:
+        log.info("write", host=host, op="delete" if write.value is None else "update",
+                 key=write.key, revision=write.revision)
+
+
+def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config) -> HostDecision:
+    """Delete one host; the result says deleted, skipped or failed, with what was committed."""
+    host = decision.host.name
+    link = k8s_link(decision.host, config) or host
+    committed: list[Step] = []
+
+    def outcome(action: Action, reason: str, error: str | None = None) -> HostDecision:
+        log.info("host_result", host=host, action=str(action), reason=reason, error=error)
+        return replace(decision, action=action, reason=reason, steps=tuple(committed), error=error)
+
+    try:
+        if nodes.node_exists(link):
+            return outcome(Action.SKIPPED, K8S_NODE_RECREATED)
+    except KubeError as error:
+        return outcome(Action.FAILED, "k8s_recheck_failed", str(error))
+    current: HostDecision | None = decision
+    for _ in range(MAX_REPLANS):
+        assert current is not None
+        try:
+            for step in current.steps:
+                if not datastore.commit(step):
+                    log.warning("write_conflict", host=host, step=step.purpose)
+                    break
+                _log_step(host, step)
+                committed.append(step)
+            else:
+                return outcome(Action.DELETED, decision.reason)
+            current = replan_host(datastore.read(), current)
+        except DatastoreError as error:
+            return outcome(Action.FAILED, "datastore_error", str(error))
+        if current is None:
+            return outcome(Action.DELETED, decision.reason)
+        if current.action is Action.SKIPPED:
+            return outcome(Action.SKIPPED, current.reason, current.error)
+    return outcome(Action.FAILED, "conflicts_persisted", f"data kept changing over {MAX_REPLANS} re-reads")
+
+
+def apply_plan(plan: Plan, datastore: Datastore, nodes: NodeChecker, config: Config) -> tuple[HostDecision, ...]:
+    """Every planned deletion, one host at a time; one failure never stops the others."""
+    results = []
+    for decision in plan.decisions:
+        if decision.action is Action.WOULD_DELETE:
+            decision = apply_host(decision, datastore, nodes, config)
+        results.append(decision)
+    return tuple(results)

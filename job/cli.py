@@ -1,0 +1,65 @@
+"""Command line entry: parse, wire the real clients together, run, write the report."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from job import __version__, logs, report
+from job.config import Config, ConfigError, load
+from job.datastores.etcdv3 import EtcdV3Datastore
+from job.kube import Kube, KubeError, LeaseLock, api_client
+from job.retry import RetryPolicy
+from job.runner import Dependencies, ExitCode, run
+from job.state import ConfigMapStateStore, FileStateStore, StateStore
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def retry_policy(config: Config) -> RetryPolicy:
+    return RetryPolicy(attempts=config.retry_attempts, timeout_s=config.retry_timeout.total_seconds())
+
+
+def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
+    run_id = uuid.uuid4().hex[:12]
+    retry = retry_policy(config)
+    kube = Kube(api_client(config), retry, clock=_now)
+    state: StateStore = (FileStateStore(config.state_file) if config.state_file
+                         else ConfigMapStateStore(kube, config.namespace, config.state_configmap))
+    holder = f"{environ.get('POD_NAME') or socket.gethostname()}/{run_id}"
+    lock = (LeaseLock(kube, config.namespace, config.lock_name, holder, config.lease_duration)
+            if config.lock == "lease" else None)
+    return Dependencies(kube, EtcdV3Datastore(config, retry), state, lock, _now, run_id)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run once; the return value is the process exit code."""
+    environ = os.environ if environ is None else environ
+    argv = sys.argv[1:] if argv is None else argv
+    if "--version" in argv:
+        print(__version__)
+        return ExitCode.OK
+    try:
+        config = load(argv, environ)
+    except ConfigError as error:
+        print(f"calico-gc: error: {error} (see --help)", file=sys.stderr)
+        return ExitCode.USAGE
+    logs.configure(config.log_level)
+    try:
+        deps = dependencies(config, environ)
+    except KubeError as error:
+        print(f"calico-gc: error: {error}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
+        document, code = run(config, deps)
+    finally:
+        deps.datastore.close()
+    report.write(document, config.report_file)
+    print(report.summary_line(document), file=sys.stderr)
+    return code

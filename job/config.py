@@ -1,0 +1,317 @@
+"""The one frozen run configuration: flags, then environment, then defaults.
+
+Every option is declared once in OPTIONS, which drives argparse, the environment lookup and
+the README's flag table, so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DATASTORE_TYPES = ("etcdv3",)
+PLANNED_DATASTORE_TYPES = ("etcdv2", "kubernetes")
+
+
+class ConfigError(ValueError):
+    """A bad flag or environment value: one line for the operator, exit code 2."""
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`30s`, `15m`, `2h`, `1h30m` or `0` as a timedelta."""
+    text = text.strip()
+    if text == "0":
+        return timedelta(0)
+    position, seconds = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != position:
+            break
+        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if not text or position != len(text):
+        raise ConfigError(f"invalid duration {text!r}: use forms like 30s, 15m, 2h or 1h30m")
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    if seconds and seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds and seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class EtcdEndpoint:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
+    """Calico's ETCD_ENDPOINTS: comma-separated http(s) URLs. Credentials are refused."""
+    endpoints = []
+    for raw in filter(None, (part.strip() for part in text.split(","))):
+        parts = urlsplit(raw)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"invalid etcd endpoint {raw!r}: expected http(s)://host:port")
+        if parts.username or parts.password:
+            raise ConfigError("etcd endpoints must not carry credentials; use client certificates")
+        try:
+            port = parts.port or 2379
+        except ValueError as error:
+            raise ConfigError(f"invalid etcd endpoint {raw!r}: {error}") from None
+        endpoints.append(EtcdEndpoint(parts.scheme, parts.hostname, port))
+    if not endpoints:
+        raise ConfigError("no etcd endpoints given (ETCD_ENDPOINTS or --etcd-endpoints)")
+    return tuple(endpoints)
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    env: str
+    default: str | None
+    help: str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    repeatable: bool = False
+    switch: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--apply", "CALICO_GC_APPLY", "false", "Delete for real. Without it the run is a dry run "
+           "that reads everything and reports exactly what it would do.", switch=True),
+    Option("--grace-period", "CALICO_GC_GRACE_PERIOD", "30m", "How long a host must be seen "
+           "orphaned, continuously, before it is deleted.", metavar="DURATION"),
+    Option("--conflict-grace-period", "CALICO_GC_CONFLICT_GRACE_PERIOD", "0s", "Grace period for "
+           "an orphan that holds the IP of a live node or host (that node is down until it goes).",
+           metavar="DURATION"),
+    Option("--max-deletions", "CALICO_GC_MAX_DELETIONS", "20", "Most hosts deleted in one run; "
+           "the rest are deferred to the next run.", metavar="N"),
+    Option("--max-orphan-fraction", "CALICO_GC_MAX_ORPHAN_FRACTION", "0.5", "Refuse the run when "
+           "more than this fraction of Calico hosts look orphaned.", metavar="FRACTION"),
+    Option("--unreferenced", "CALICO_GC_UNREFERENCED", "skip", "Hosts without a k8s orchRef: skip "
+           "them, or treat one as orphaned when its name equals no Kubernetes Node name.",
+           choices=("skip", "match-name")),
+    Option("--exclude", "CALICO_GC_EXCLUDE", None, "Regular expression of host names never to "
+           "touch (full match; repeatable; the variable takes a comma-separated list).",
+           metavar="REGEX", repeatable=True),
+    Option("--state-file", "CALICO_GC_STATE_FILE", None, "Keep grace-period state in this JSON "
+           "file instead of the ConfigMap (for runs outside a cluster).", metavar="PATH"),
+    Option("--state-configmap", "CALICO_GC_STATE_CONFIGMAP", "calico-gc-state", "ConfigMap that "
+           "keeps grace-period state.", metavar="NAME"),
+    Option("--report-file", "CALICO_GC_REPORT_FILE", None, "Also write the JSON report here.",
+           metavar="PATH"),
+    Option("--lock", "CALICO_GC_LOCK", "lease", "Serialise runs with a coordination.k8s.io Lease, "
+           "or not at all.", choices=("lease", "none")),
+    Option("--lock-name", "CALICO_GC_LOCK_NAME", "calico-gc", "Name of the Lease.", metavar="NAME"),
+    Option("--lease-duration", "CALICO_GC_LEASE_DURATION", "1h", "How long the Lease holds "
+           "without renewal; keep it above the Job's activeDeadlineSeconds.", metavar="DURATION"),
+    Option("--namespace", "POD_NAMESPACE", "kube-system", "Namespace of the Lease and the state "
+           "ConfigMap.", metavar="NAME"),
+    Option("--kubeconfig", "KUBECONFIG", None, "kubeconfig to use outside a cluster (in a pod the "
+           "in-cluster configuration is used).", metavar="PATH"),
+    Option("--datastore-type", "DATASTORE_TYPE", "etcdv3", "Calico datastore type.",
+           choices=DATASTORE_TYPES + PLANNED_DATASTORE_TYPES),
+    Option("--etcd-endpoints", "ETCD_ENDPOINTS", "http://127.0.0.1:2379", "Comma-separated etcd "
+           "URLs, as in Calico's calico-config.", metavar="URLS"),
+    Option("--etcd-ca-cert-file", "ETCD_CA_CERT_FILE", None, "CA bundle that signed the etcd "
+           "server certificate.", metavar="PATH"),
+    Option("--etcd-cert-file", "ETCD_CERT_FILE", None, "Client certificate for etcd.", metavar="PATH"),
+    Option("--etcd-key-file", "ETCD_KEY_FILE", None, "Client key for etcd.", metavar="PATH"),
+    Option("--etcd-timeout", "CALICO_GC_ETCD_TIMEOUT", "10s", "Timeout of one etcd request.",
+           metavar="DURATION"),
+    Option("--page-size", "CALICO_GC_PAGE_SIZE", "1000", "Keys or objects per paged read.",
+           metavar="N"),
+    Option("--retry-attempts", "CALICO_GC_RETRY_ATTEMPTS", "6", "Attempts for one call that fails "
+           "transiently (etcd unavailable, Kubernetes 429/5xx).", metavar="N"),
+    Option("--retry-timeout", "CALICO_GC_RETRY_TIMEOUT", "60s", "Longest time spent retrying one "
+           "call.", metavar="DURATION"),
+    Option("--log-level", "CALICO_GC_LOG_LEVEL", "info", "Log level of the JSON logs on stderr.",
+           choices=("debug", "info", "warning", "error")),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    apply: bool = False
+    grace_period: timedelta = timedelta(minutes=30)
+    conflict_grace_period: timedelta = timedelta(0)
+    max_deletions: int = 20
+    max_orphan_fraction: float = 0.5
+    unreferenced: str = "skip"
+    exclude: tuple[str, ...] = ()
+    state_file: Path | None = None
+    state_configmap: str = "calico-gc-state"
+    report_file: Path | None = None
+    lock: str = "lease"
+    lock_name: str = "calico-gc"
+    lease_duration: timedelta = timedelta(hours=1)
+    namespace: str = "kube-system"
+    kubeconfig: Path | None = None
+    datastore_type: str = "etcdv3"
+    etcd_endpoints: tuple[EtcdEndpoint, ...] = (EtcdEndpoint("http", "127.0.0.1", 2379),)
+    etcd_ca_cert_file: Path | None = None
+    etcd_cert_file: Path | None = None
+    etcd_key_file: Path | None = None
+    etcd_timeout: timedelta = timedelta(seconds=10)
+    page_size: int = 1000
+    retry_attempts: int = 6
+    retry_timeout: timedelta = timedelta(seconds=60)
+    log_level: str = "info"
+
+    def is_excluded(self, host: str) -> bool:
+        return any(re.fullmatch(pattern, host) for pattern in self.exclude)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m job",
+        description="calico-gc: delete the Calico data of Kubernetes nodes that no longer exist. "
+        "Dry run unless --apply. Every option can also be set by the environment variable "
+        "named in brackets; a flag wins over the variable.",
+        epilog="Exit codes: 0 ok (also dry run, nothing to do, lock held elsewhere), 1 unexpected "
+        "error, 2 bad usage or configuration, 3 refused by a safety guard, 4 partial failure.",
+    )
+    parser.add_argument("--version", action="store_true", help="Print the version and exit.")
+    for option in OPTIONS:
+        text = f"{option.help} [{option.env}; default: {option.default or 'unset'}]"
+        if option.switch:
+            parser.add_argument(option.flag, action="store_const", const="true", default=None, help=text)
+        elif option.repeatable:
+            parser.add_argument(option.flag, action="append", default=None, metavar=option.metavar, help=text)
+        else:
+            parser.add_argument(option.flag, default=None, choices=option.choices, metavar=option.metavar, help=text)
+    return parser
+
+
+def _bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {text!r}")
+
+
+def _int(name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text else None
+
+
+def _readable(name: str, text: str | None) -> Path | None:
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise ConfigError(f"{name}: cannot read {text}")
+    return path
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
+    """Parse and validate everything; raise ConfigError with a one-line reason."""
+    args = vars(build_parser().parse_args(list(argv)))
+    raw: dict[str, str | list[str] | None] = {}
+    for option in OPTIONS:
+        dest = option.flag.lstrip("-").replace("-", "_")
+        value = args[dest]
+        if value is None and environ.get(option.env):
+            env_value = environ[option.env]
+            value = [p.strip() for p in env_value.split(",") if p.strip()] if option.repeatable else env_value
+            if option.choices and env_value not in option.choices:
+                raise ConfigError(f"{option.env}: expected one of {', '.join(option.choices)}, got {env_value!r}")
+        raw[dest] = value if value is not None else option.default
+
+    def text(dest: str) -> str:
+        value = raw[dest]
+        assert isinstance(value, str)
+        return value
+
+    def optional(dest: str) -> str | None:
+        value = raw[dest]
+        assert value is None or isinstance(value, str)
+        return value
+
+    datastore_type = text("datastore_type")
+    if datastore_type in PLANNED_DATASTORE_TYPES:
+        raise ConfigError(f"datastore type {datastore_type!r} is not supported by this version yet; "
+                          "only etcdv3 is")
+    fraction_text = text("max_orphan_fraction")
+    try:
+        fraction = float(fraction_text)
+    except ValueError:
+        raise ConfigError(f"--max-orphan-fraction: expected a number, got {fraction_text!r}") from None
+    if not 0 < fraction <= 1:
+        raise ConfigError("--max-orphan-fraction: must be above 0 and at most 1")
+    exclude = tuple(raw["exclude"] or ())
+    for pattern in exclude:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"--exclude {pattern!r}: {error}") from None
+    cert, key = optional("etcd_cert_file"), optional("etcd_key_file")
+    if bool(cert) != bool(key):
+        raise ConfigError("ETCD_CERT_FILE and ETCD_KEY_FILE must be given together")
+    endpoints = parse_endpoints(text("etcd_endpoints"))
+    etcd_timeout = parse_duration(text("etcd_timeout"))
+    if etcd_timeout <= timedelta(0):
+        raise ConfigError("--etcd-timeout: must be above 0")
+    kubeconfig = optional("kubeconfig")
+    return Config(
+        apply=_bool("--apply", text("apply")),
+        grace_period=parse_duration(text("grace_period")),
+        conflict_grace_period=parse_duration(text("conflict_grace_period")),
+        max_deletions=_int("--max-deletions", text("max_deletions"), 0),
+        max_orphan_fraction=fraction,
+        unreferenced=text("unreferenced"),
+        exclude=exclude,
+        state_file=_path(optional("state_file")),
+        state_configmap=text("state_configmap"),
+        report_file=_path(optional("report_file")),
+        lock=text("lock"),
+        lock_name=text("lock_name"),
+        lease_duration=parse_duration(text("lease_duration")),
+        namespace=text("namespace"),
+        kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
+        datastore_type=datastore_type,
+        etcd_endpoints=endpoints,
+        etcd_ca_cert_file=_readable("ETCD_CA_CERT_FILE", optional("etcd_ca_cert_file")),
+        etcd_cert_file=_readable("ETCD_CERT_FILE", cert),
+        etcd_key_file=_readable("ETCD_KEY_FILE", key),
+        etcd_timeout=etcd_timeout,
+        page_size=_int("--page-size", text("page_size"), 1),
+        retry_attempts=_int("--retry-attempts", text("retry_attempts"), 1),
+        retry_timeout=parse_duration(text("retry_timeout")),
+        log_level=text("log_level"),
+    )

@@ -1,0 +1,32 @@
+"""The small interface every Calico datastore adapter implements."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from job.model import Inventory, Step
+
+
+class DatastoreError(Exception):
+    """The datastore could not be read or written (after retries, for transient causes)."""
+
+
+class Datastore(Protocol):
+    type: str
+
+    def describe(self) -> dict[str, object]:
+        """Where the data lives, for the report (never credentials)."""
+        ...
+
+    def read(self) -> Inventory:
+        """One consistent, paged read of everything the planner needs."""
+        ...
+
+    def commit(self, step: Step) -> bool:
+        """Apply one step atomically if every key is still at its revision.
+
+        False means a compare failed (someone else wrote): nothing was applied.
+        """
+        ...
+
+    def close(self) -> None: ...

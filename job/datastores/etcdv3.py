@@ -1,0 +1,391 @@
+"""Calico 3.x on etcd v3, through etcd's JSON gateway with etcd3gw.
+
+The key layout (calico-datamodel.md, section 1) is known only here: reading turns keys into
+the shared model, committing turns conditional writes back into etcd transactions.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import requests
+import structlog
+from etcd3gw.client import Etcd3Client
+from etcd3gw.exceptions import (
+    ConnectionFailedError,
+    ConnectionTimeoutError,
+    Etcd3Exception,
+    InternalServerError,
+)
+
+from job.config import Config, EtcdEndpoint
+from job.datastores.base import DatastoreError
+from job.ipam import block_shape_problem
+from job.model import (
+    BlockAffinity,
+    CalicoHost,
+    ClusterInfo,
+    DataProblem,
+    Inventory,
+    IpamBlock,
+    IpamHandle,
+    Step,
+    StoredItem,
+    WorkloadEndpoint,
+)
+from job.retry import RetryPolicy, describe_error
+
+log = structlog.get_logger("calico_gc.etcdv3")
+
+RESOURCES = "/calico/resources/v3/projectcalico.org/"
+NODES = RESOURCES + "nodes/"
+WORKLOAD_ENDPOINTS = RESOURCES + "workloadendpoints/"
+NODE_FELIX_CONFIGS = RESOURCES + "felixconfigurations/node."
+NODE_BGP_CONFIGS = RESOURCES + "bgpconfigurations/node."
+BGP_PEERS = RESOURCES + "bgppeers/"
+HOST_ENDPOINTS = RESOURCES + "hostendpoints/"
+NODE_STATUSES = RESOURCES + "caliconodestatuses/"
+CLUSTER_INFORMATION = RESOURCES + "clusterinformations/default"
+BLOCKS = "/calico/ipam/v2/assignment/"
+AFFINITIES = "/calico/ipam/v2/host/"
+HANDLES = "/calico/ipam/v2/handle/"
+FELIX_STATUS = "/calico/felix/v2/"
+
+# Everything one run reads, each as a paged range; never one range over /calico/.
+PREFIXES = (
+    NODES, WORKLOAD_ENDPOINTS, NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS, BGP_PEERS, HOST_ENDPOINTS,
+    NODE_STATUSES, CLUSTER_INFORMATION, BLOCKS, AFFINITIES, HANDLES, FELIX_STATUS,
+)
+TUNNEL_FIELDS = (
+    ("bgp", "ipv4IPIPTunnelAddr"),
+    ("ipv4VXLANTunnelAddr",),
+    ("ipv6VXLANTunnelAddr",),
+    ("wireguard", "interfaceIPv4Address"),
+    ("wireguard", "interfaceIPv6Address"),
+)
+TRANSIENT_ERRORS = (ConnectionFailedError, ConnectionTimeoutError, InternalServerError)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode("utf-8", errors="surrogateescape")
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key starting with `prefix` (etcd's range_end)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return raw.decode()
+
+
+def _dig(value: Any, *path: str) -> Any:
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
+
+
+def _bare_ip(text: Any) -> str | None:
+    """`10.0.1.23/19` or `10.0.1.23` as `10.0.1.23`; None for anything else."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return str(ipaddress.ip_interface(text).ip)
+    except ValueError:
+        return None
+
+
+def _cidr_from_key(segment: str) -> str | None:
+    """Calico writes a block CIDR in keys with its `/` as `-` (`10.0.0.0-26`)."""
+    address, _, length = segment.rpartition("-")
+    try:
+        return str(ipaddress.ip_network(f"{address}/{length}"))
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Collected:
+    """What one read found, grouped by host name before hosts are assembled."""
+
+    nodes: dict[str, StoredItem] = field(default_factory=dict)
+    endpoints: dict[str, list[WorkloadEndpoint]] = field(default_factory=lambda: defaultdict(list))
+    owned: dict[str, list[StoredItem]] = field(default_factory=lambda: defaultdict(list))
+    affinities: dict[str, list[BlockAffinity]] = field(default_factory=lambda: defaultdict(list))
+    felix_alive: set[str] = field(default_factory=set)
+    blocks: list[IpamBlock] = field(default_factory=list)
+    malformed_blocks: list[str] = field(default_factory=list)
+    handles: dict[str, IpamHandle] = field(default_factory=dict)
+    malformed_handles: set[str] = field(default_factory=set)
+    cluster: ClusterInfo = field(default_factory=ClusterInfo)
+    problems: list[DataProblem] = field(default_factory=list)
+
+    def problem(self, kind: str, key: str, message: str) -> None:
+        self.problems.append(DataProblem(kind, key, message))
+
+    def json(self, item: StoredItem) -> Any:
+        try:
+            return json.loads(item.value)
+        except ValueError as error:
+            self.problem("malformed_value", item.key, f"not valid JSON: {error}")
+            return None
+
+
+def _collect(collected: _Collected, item: StoredItem) -> None:
+    """File one key under the host it belongs to (section 1 of the data-model notes)."""
+    key = item.key
+    if key.startswith(NODES):
+        name = key[len(NODES):]
+        if not name or "/" in name:
+            collected.problem("unknown_key", key, "not a Calico Node key")
+        else:
+            collected.nodes[name] = item
+    elif key.startswith(WORKLOAD_ENDPOINTS):
+        if key[len(WORKLOAD_ENDPOINTS):].count("/") != 1:
+            collected.problem("unknown_key", key, "not a workload endpoint key")
+            return
+        spec = _dig(collected.json(item), "spec")
+        node = _dig(spec, "node")
+        if not isinstance(node, str) or not node:
+            if spec is not None:
+                collected.problem("malformed_value", key, "workload endpoint without spec.node")
+            return
+        networks = _dig(spec, "ipNetworks") or []
+        ips = tuple(ip for ip in map(_bare_ip, networks if isinstance(networks, list) else []) if ip)
+        collected.endpoints[node].append(WorkloadEndpoint(item, node, ips))
+    elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
+        prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
+        collected.owned[key[len(prefix):]].append(item)
+    elif key.startswith((BGP_PEERS, HOST_ENDPOINTS, NODE_STATUSES)):
+        value = collected.json(item)
+        node = _dig(value, "spec", "node")
+        if isinstance(node, str) and node:
+            collected.owned[node].append(item)  # peers without spec.node are global: kept
+    elif key == CLUSTER_INFORMATION:
+        spec = _dig(collected.json(item), "spec")
+        ready = _dig(spec, "datastoreReady")
+        guid = _dig(spec, "clusterGUID")
+        collected.cluster = ClusterInfo(guid if isinstance(guid, str) else None,
+                                        ready if isinstance(ready, bool) else None)
+    elif key.startswith(BLOCKS):
+        _collect_block(collected, item)
+    elif key.startswith(AFFINITIES):
+        _collect_affinity(collected, item)
+    elif key.startswith(HANDLES):
+        handle_id = key[len(HANDLES):]
+        value = collected.json(item)
+        if value is None:
+            collected.malformed_handles.add(handle_id)
+        elif not isinstance(value, dict) or not isinstance(value.get("block", {}), dict):
+            collected.malformed_handles.add(handle_id)
+            collected.problem("malformed_value", key, "handle without a block map")
+        else:
+            collected.handles[handle_id] = IpamHandle(item, handle_id, value)
+    elif key.startswith(FELIX_STATUS):
+        parts = key[len(FELIX_STATUS):].split("/", 3)
+        if len(parts) < 4 or parts[1] != "host" or not parts[2]:
+            collected.problem("unknown_key", key, "not a Felix status key")
+            return
+        host, rest = parts[2], parts[3]
+        if rest == "status":
+            collected.felix_alive.add(host)
+        collected.owned[host].append(item)
+
+
+def _collect_block(collected: _Collected, item: StoredItem) -> None:
+    parts = item.key[len(BLOCKS):].split("/")
+    cidr = _cidr_from_key(parts[2]) if len(parts) == 3 and parts[1] == "block" else None
+    if cidr is None:
+        collected.problem("unknown_key", item.key, "not an IPAM block key")
+        return
+    value = collected.json(item)
+    if value is None:
+        collected.malformed_blocks.append(cidr)
+        return
+    problem = block_shape_problem(value)
+    if problem is None and _cidr_from_key(str(value["cidr"]).replace("/", "-")) != cidr:
+        problem = f"block cidr {value['cidr']!r} does not match its key"
+    if problem is not None:
+        collected.malformed_blocks.append(cidr)
+        collected.problem("malformed_value", item.key, problem)
+        return
+    collected.blocks.append(IpamBlock(item, cidr, value))
+
+
+def _collect_affinity(collected: _Collected, item: StoredItem) -> None:
+    parts = item.key[len(AFFINITIES):].split("/")
+    if len(parts) == 1 and parts[0]:
+        collected.owned[parts[0]].append(item)  # the IPAM host key itself
+        return
+    cidr = _cidr_from_key(parts[3]) if len(parts) == 4 and parts[2] == "block" else None
+    if cidr is None or parts[1] not in ("ipv4", "ipv6"):
+        collected.problem("unknown_key", item.key, "not a block affinity key")
+        return
+    # Affinity values ({"state": ...} or, in old data, empty) are only ever deleted, never read.
+    collected.affinities[parts[0]].append(BlockAffinity(item, parts[0], cidr))
+
+
+def _host(name: str, node: StoredItem, collected: _Collected) -> CalicoHost:
+    host = CalicoHost(
+        name,
+        node,
+        None,
+        workload_endpoints=tuple(collected.endpoints.pop(name, ())),
+        affinities=tuple(collected.affinities.pop(name, ())),
+        owned=tuple(collected.owned.pop(name, ())),
+        felix_alive=name in collected.felix_alive,
+    )
+    value = collected.json(node)
+    spec = _dig(value, "spec")
+    if not isinstance(spec, dict):
+        if value is not None:
+            collected.problem("malformed_value", node.key, "Calico Node without a spec")
+        return replace(host, problem="its Calico Node value could not be parsed")
+    k8s_node = None
+    refs = spec.get("orchRefs")
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, dict) and ref.get("orchestrator") == "k8s":
+            k8s_node = ref.get("nodeName") or None  # the first k8s entry decides, as in Calico
+            break
+    tunnels = tuple(ip for ip in (_bare_ip(_dig(spec, *path)) for path in TUNNEL_FIELDS) if ip)
+    return replace(
+        host,
+        k8s_node=k8s_node if isinstance(k8s_node, str) else None,
+        ipv4=_bare_ip(_dig(spec, "bgp", "ipv4Address")),
+        ipv6=_bare_ip(_dig(spec, "bgp", "ipv6Address")),
+        tunnel_ips=tunnels,
+    )
+
+
+def build_inventory(items: Iterator[StoredItem], revision: int) -> Inventory:
+    """Turn etcd key-values into the shared model. Pure; unknown shapes become problems."""
+    collected = _Collected()
+    for item in items:
+        _collect(collected, item)
+    hosts = tuple(_host(name, node, collected) for name, node in sorted(collected.nodes.items()))
+    dangling = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
+    for name in sorted(dangling):
+        collected.problem("no_calico_node", name, "data stored for a host that has no Calico Node; "
+                          "reported, not touched")
+    return Inventory(
+        hosts=hosts,
+        blocks=tuple(collected.blocks),
+        handles=collected.handles,
+        malformed_blocks=tuple(collected.malformed_blocks),
+        malformed_handles=frozenset(collected.malformed_handles),
+        cluster=collected.cluster,
+        problems=tuple(collected.problems),
+        revision=revision,
+    )
+
+
+def _is_transient(error: BaseException) -> bool:
+    return isinstance(error, TRANSIENT_ERRORS) or (
+        isinstance(error, Etcd3Exception) and "leader" in (error.detail_text or "").lower()
+    )
+
+
+def _client(endpoint: EtcdEndpoint, config: Config) -> Etcd3Client:
+    session = requests.Session()
+    # Without this, REQUESTS_CA_BUNDLE in the environment silently replaces the etcd CA.
+    session.trust_env = False
+    if config.etcd_ca_cert_file:
+        session.verify = str(config.etcd_ca_cert_file)
+    if config.etcd_cert_file and config.etcd_key_file:
+        session.cert = (str(config.etcd_cert_file), str(config.etcd_key_file))
+    return Etcd3Client(host=endpoint.host, port=endpoint.port, protocol=endpoint.scheme,
+                       timeout=config.etcd_timeout.total_seconds(), session=session)
+
+
+class EtcdV3Datastore:
+    """Reads in pinned-revision pages; writes only through mod-revision-guarded txns."""
+
+    type = "etcdv3"
+
+    def __init__(self, config: Config, retry: RetryPolicy,
+                 client_factory: Callable[[EtcdEndpoint, Config], Etcd3Client] = _client) -> None:
+        self._endpoints = config.etcd_endpoints
+        self._clients = [client_factory(endpoint, config) for endpoint in self._endpoints]
+        self._current = 0
+        self._retry = retry
+        self._page_size = config.page_size
+
+    def describe(self) -> dict[str, object]:
+        return {"type": self.type, "endpoints": [endpoint.url for endpoint in self._endpoints]}
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        def attempt() -> dict[str, Any]:
+            client = self._clients[self._current]
+            try:
+                response: dict[str, Any] = client.post(client.get_url(path), json=body)
+                return response
+            except TRANSIENT_ERRORS:
+                self._current = (self._current + 1) % len(self._clients)  # try the next endpoint
+                raise
+
+        try:
+            return self._retry.call(attempt, _is_transient)
+        except Etcd3Exception as error:
+            raise DatastoreError(f"etcd {path} failed: {describe_error(error)}") from error
+
+    def scan(self, prefix: str, revision: int | None = None) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """Pages of raw key-values under `prefix`, all at one revision (the first page's)."""
+        start = prefix
+        end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
+        while True:
+            body: dict[str, Any] = {"key": _b64(start), "limit": self._page_size}
+            if end is not None:
+                body["range_end"] = _b64(end)
+            if revision is not None:
+                body["revision"] = revision
+            response = self._post("/kv/range", body)
+            revision = int(response["header"]["revision"])
+            kvs = response.get("kvs", [])
+            yield kvs, revision
+            if not response.get("more") or not kvs or end is None:
+                return
+            start = _unb64(kvs[-1]["key"]) + "\0"
+
+    def _items(self, prefixes: tuple[str, ...]) -> tuple[list[StoredItem], int]:
+        items: list[StoredItem] = []
+        revision: int | None = None
+        for prefix in prefixes:
+            for kvs, page_revision in self.scan(prefix, revision):
+                revision = page_revision
+                items.extend(
+                    StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
+                    for kv in kvs
+                )
+        return items, revision or 0
+
+    def read(self) -> Inventory:
+        items, revision = self._items(PREFIXES)
+        inventory = build_inventory(iter(items), revision)
+        log.info("datastore_read", keys=len(items), hosts=len(inventory.hosts),
+                 blocks=len(inventory.blocks), problems=len(inventory.problems), revision=revision)
+        return inventory
+
+    def commit(self, step: Step) -> bool:
+        compare = [
+            {"key": _b64(w.key), "result": "EQUAL", "target": "MOD", "mod_revision": w.revision}
+            for w in step.writes
+        ]
+        success = [
+            {"request_delete_range": {"key": _b64(w.key)}} if w.value is None
+            else {"request_put": {"key": _b64(w.key), "value": _b64(w.value)}}
+            for w in step.writes
+        ]
+        response = self._post("/kv/txn", {"compare": compare, "success": success, "failure": []})
+        return bool(response.get("succeeded", False))
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.session.close()

@@ -1,0 +1,326 @@
+"""Pure editing of Calico IPAM blocks and handles, mirroring libcalico-go's algorithm.
+
+Blocks are edited as the JSON objects Calico stores: only the fields this module means to
+change are touched, every other field (known or not) is written back as it was read.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import json
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from job.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Step, StoredItem, Write
+
+WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
+TUNNEL_HANDLE_PREFIXES = (
+    "ipip-tunnel-addr-",
+    "vxlan-tunnel-addr-",
+    "vxlan-v6-tunnel-addr-",
+    "wireguard-tunnel-addr-",
+    "wireguard-v6-tunnel-addr-",
+)
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def dump(value: JsonObject) -> str:
+    """Serialise as Go's encoding/json does (no spaces), keeping field order."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def block_shape_problem(data: object) -> str | None:
+    """Why a parsed block value cannot be edited safely, or None when it can."""
+    if not isinstance(data, dict):
+        return "block value is not a JSON object"
+    try:
+        network = ipaddress.ip_network(str(data.get("cidr")))
+    except ValueError:
+        return f"block cidr {data.get('cidr')!r} is not a network"
+    allocations = data.get("allocations")
+    attributes = data.get("attributes") or []
+    unallocated = data.get("unallocated") or []
+    if not isinstance(allocations, list) or len(allocations) != network.num_addresses:
+        return "block allocations do not match its cidr size"
+    if not isinstance(attributes, list) or not all(isinstance(a, dict) for a in attributes):
+        return "block attributes are not a list of objects"
+    if not isinstance(unallocated, list) or not all(type(o) is int for o in unallocated):
+        return "block unallocated is not a list of ordinals"
+    for index in allocations:
+        if index is not None and not (type(index) is int and 0 <= index < len(attributes)):
+            return f"block allocation points at missing attribute {index!r}"
+    return None
+
+
+def affinity_host(block: Mapping[str, object]) -> str | None:
+    affinity = block.get("affinity")
+    if isinstance(affinity, str) and affinity.startswith("host:"):
+        return affinity[len("host:") :]
+    return None
+
+
+def tunnel_handle_node(handle_id: str | None) -> str | None:
+    """The node a tunnel-address handle (e.g. `ipip-tunnel-addr-<node>`) belongs to."""
+    if handle_id:
+        for prefix in TUNNEL_HANDLE_PREFIXES:
+            if handle_id.startswith(prefix):
+                return handle_id[len(prefix) :]
+    return None
+
+
+def _attribute(block: Mapping[str, object], ordinal: int) -> Mapping[str, object]:
+    index = block["allocations"][ordinal]  # type: ignore[index]
+    return block["attributes"][index] if index is not None else {}  # type: ignore[index]
+
+
+def _owner_node(attribute: Mapping[str, object]) -> str | None:
+    secondary = attribute.get("secondary")
+    node = secondary.get("node") if isinstance(secondary, dict) else None
+    return node if isinstance(node, str) else None
+
+
+def is_empty(block: Mapping[str, object]) -> bool:
+    """No allocations left, ignoring Windows-reserved ones (as Calico counts it)."""
+    allocations: list[int | None] = block["allocations"]  # type: ignore[assignment]
+    for ordinal, index in enumerate(allocations):
+        if index is not None and _attribute(block, ordinal).get("handle_id") != WINDOWS_RESERVED_HANDLE:
+            return False
+    return True
+
+
+def _bump_sequence(block: JsonObject) -> None:
+    # Calico 2.x blocks have no sequence number; never add fields that were not there.
+    if "sequenceNumber" in block:
+        block["sequenceNumber"] = int(block["sequenceNumber"]) + 1
+
+
+def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[JsonObject, Counter[str]]:
+    """Free `ordinals` in a copy of `block`; return it and how many IPs each handle lost.
+
+    Windows-reserved allocations are never freed. Attributes whose every reference was
+    freed are dropped and the remaining allocations renumbered, as libcalico-go does.
+    """
+    new: JsonObject = copy.deepcopy(dict(block))
+    allocations: list[int | None] = new["allocations"]
+    attributes: list[JsonObject] = new.get("attributes") or []
+    references = Counter(index for index in allocations if index is not None)
+    freed: Counter[int] = Counter()
+    handles: Counter[str] = Counter()
+    sequence_by_ordinal = new.get("sequenceNumberForAllocation")
+    for ordinal in sorted(ordinals):
+        index = allocations[ordinal]
+        if index is None or attributes[index].get("handle_id") == WINDOWS_RESERVED_HANDLE:
+            continue
+        allocations[ordinal] = None
+        if not isinstance(new.get("unallocated"), list):
+            new["unallocated"] = []
+        new["unallocated"].append(ordinal)
+        if isinstance(sequence_by_ordinal, dict):
+            sequence_by_ordinal.pop(str(ordinal), None)
+        freed[index] += 1
+        handle_id = attributes[index].get("handle_id")
+        if isinstance(handle_id, str) and handle_id:
+            handles[handle_id] += 1
+    if not freed:
+        return new, handles
+    unused = {index for index, count in freed.items() if references[index] == count}
+    kept = [index for index in range(len(attributes)) if index not in unused]
+    renumbered = {old: position for position, old in enumerate(kept)}
+    new["allocations"] = [None if index is None else renumbered[index] for index in allocations]
+    if "attributes" in new:
+        new["attributes"] = [attributes[index] for index in kept]
+    _bump_sequence(new)
+    return new, handles
+
+
+def without_affinity(block: Mapping[str, object]) -> JsonObject:
+    """A copy of a block that no host claims any more (it keeps lending its IPs)."""
+    new: JsonObject = copy.deepcopy(dict(block))
+    new["affinity"] = None
+    new.pop("affinity_claim_time", None)
+    _bump_sequence(new)
+    return new
+
+
+def decrement_handle(handle: Mapping[str, object], counts: Mapping[str, int]) -> JsonObject | None:
+    """Lower a handle's per-block counts; None when nothing is left and it should go.
+
+    Counts Calico left too high (it decrements at most once per call) just end at zero.
+    """
+    new: JsonObject = copy.deepcopy(dict(handle))
+    per_block = new.get("block")
+    if not isinstance(per_block, dict):
+        per_block = {}
+    for cidr, count in counts.items():
+        remaining = int(per_block.get(cidr, 0)) - count
+        if remaining > 0:
+            per_block[cidr] = remaining
+        else:
+            per_block.pop(cidr, None)
+    if not per_block:
+        return None
+    new["block"] = per_block
+    return new
+
+
+@dataclass
+class IpamIndex:
+    """Blocks indexed once per run so that planning a host never scans every block."""
+
+    blocks: dict[str, IpamBlock] = field(default_factory=dict)
+    handles: Mapping[str, IpamHandle] = field(default_factory=dict)
+    malformed_handles: frozenset[str] = frozenset()
+    owned: dict[str, dict[str, set[int]]] = field(default_factory=lambda: defaultdict(dict))
+    affine: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    malformed_networks: list[IpNetwork] = field(default_factory=list)
+    _by_network: dict[IpNetwork, str] = field(default_factory=dict)
+    _prefix_lengths: set[tuple[int, int]] = field(default_factory=set)
+
+    @classmethod
+    def build(
+        cls,
+        blocks: Iterable[IpamBlock],
+        handles: Mapping[str, IpamHandle],
+        malformed_blocks: Iterable[str] = (),
+        malformed_handles: frozenset[str] = frozenset(),
+    ) -> IpamIndex:
+        index = cls(handles=handles, malformed_handles=malformed_handles)
+        for block in blocks:
+            index._add(block)
+        for cidr in malformed_blocks:
+            try:
+                index.malformed_networks.append(ipaddress.ip_network(cidr))
+            except ValueError:
+                continue
+        return index
+
+    def _add(self, block: IpamBlock) -> None:
+        network = ipaddress.ip_network(block.cidr)
+        self.blocks[block.cidr] = block
+        self._by_network[network] = block.cidr
+        self._prefix_lengths.add((network.version, network.prefixlen))
+        host = affinity_host(block.data)
+        if host is not None:
+            self.affine[host].append(block.cidr)
+        for ordinal, position in enumerate(block.data["allocations"]):
+            if position is None:
+                continue
+            attribute = block.data["attributes"][position]
+            owner = _owner_node(attribute) or tunnel_handle_node(attribute.get("handle_id"))
+            if owner is not None:
+                self.owned[owner].setdefault(block.cidr, set()).add(ordinal)
+
+    def locate(self, ip: str) -> tuple[str, int] | None:
+        """The block holding `ip` and its ordinal there, if any block does."""
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return None
+        for version, prefixlen in self._prefix_lengths:
+            if version != address.version:
+                continue
+            network = ipaddress.ip_network(f"{address}/{prefixlen}", strict=False)
+            cidr = self._by_network.get(network)
+            if cidr is not None:
+                return cidr, int(address) - int(network.network_address)
+        return None
+
+    def in_malformed_block(self, ip: str) -> bool:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(address in network for network in self.malformed_networks)
+
+    def malformed_affinity(self, cidrs: Iterable[str]) -> bool:
+        return any(
+            ipaddress.ip_network(cidr) in self.malformed_networks
+            for cidr in cidrs
+            if cidr not in self.blocks
+        )
+
+
+@dataclass(frozen=True)
+class IpamRelease:
+    """The block and handle steps that free one host's addresses and affinities."""
+
+    block_steps: tuple[Step, ...] = ()
+    handle_writes: tuple[Write, ...] = ()
+    problem: str | None = None
+
+
+def _host_ordinals(host: CalicoHost, index: IpamIndex) -> dict[str, set[int]]:
+    """Ordinals to free: owned by the host, by its tunnel handles, or at its known IPs.
+
+    An IP found only through a stale endpoint is freed only when its allocation names no
+    other node: it may have been handed to a live pod since.
+    """
+    targets = {cidr: set(ordinals) for cidr, ordinals in index.owned.get(host.name, {}).items()}
+    known_ips = [ip for endpoint in host.workload_endpoints for ip in endpoint.ips]
+    for ip in (*known_ips, *host.tunnel_ips):
+        located = index.locate(ip)
+        if located is None:
+            continue
+        cidr, ordinal = located
+        if _owner_node(_attribute(index.blocks[cidr].data, ordinal)) in (None, host.name):
+            targets.setdefault(cidr, set()).add(ordinal)
+    return targets
+
+
+def _write(item: StoredItem, value: JsonObject | None) -> Write:
+    return Write(item.key, item.revision, None if value is None else dump(value), item.value)
+
+
+def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
+    """Everything IPAM holds for a gone host, as conditional writes (section 7A, 3-6)."""
+    known_ips = [ip for endpoint in host.workload_endpoints for ip in endpoint.ips]
+    affinities = {affinity.cidr: affinity for affinity in host.affinities}
+    if any(index.in_malformed_block(ip) for ip in (*known_ips, *host.tunnel_ips)) or (
+        index.malformed_affinity(affinities)
+    ):
+        return IpamRelease(problem="an IPAM block of this host could not be parsed")
+    targets = _host_ordinals(host, index)
+    handle_counts: dict[str, Counter[str]] = defaultdict(Counter)
+    steps: list[Step] = []
+    for cidr in sorted(set(targets) | set(index.affine.get(host.name, ())) | set(affinities)):
+        block = index.blocks.get(cidr)
+        affinity = affinities.get(cidr)
+        writes: list[Write] = []
+        actions: list[str] = []
+        if block is not None:
+            data: JsonObject = block.data
+            changed = False
+            if targets.get(cidr):
+                data, freed = release(data, targets[cidr])
+                for handle_id, count in freed.items():
+                    handle_counts[handle_id][cidr] += count
+                changed = bool(freed)
+                actions.append(f"release {sum(freed.values())} IPs")
+            if affinity_host(data) == host.name:
+                if is_empty(data):
+                    writes.append(_write(block.item, None))
+                    actions.append("delete the empty block")
+                else:
+                    writes.append(_write(block.item, without_affinity(data)))
+                    actions.append("keep the block, which still lends IPs, without affinity")
+            elif changed:
+                delete = is_empty(data) and data.get("affinity") is None
+                writes.append(_write(block.item, None if delete else data))
+                if delete:
+                    actions.append("delete the now empty unclaimed block")
+        if affinity is not None:
+            writes.append(_write(affinity.item, None))
+            actions.append("delete the affinity")
+        if writes:
+            steps.append(Step(f"block {cidr}: " + ", ".join(actions), tuple(writes)))
+    if any(handle_id in index.malformed_handles for handle_id in handle_counts):
+        return IpamRelease(problem="an IPAM handle of this host could not be parsed")
+    handle_writes = []
+    for handle_id in sorted(handle_counts):
+        handle = index.handles.get(handle_id)
+        if handle is not None:
+            handle_writes.append(_write(handle.item, decrement_handle(handle.data, handle_counts[handle_id])))
+    return IpamRelease(tuple(steps), tuple(handle_writes))

@@ -1,0 +1,177 @@
+"""Plain data shared by every layer: what was read, what was decided, what was done.
+
+Nothing here talks to a server. Datastore keys are carried as opaque strings: adapters make
+them, the planner only passes them through to the report and back to the adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    """One datastore entry as read: its key, the revision to compare on, the raw value."""
+
+    key: str
+    revision: int
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadEndpoint:
+    item: StoredItem
+    node: str
+    ips: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAffinity:
+    """A host's claim on an IPAM block (the affinity key, not the block)."""
+
+    item: StoredItem
+    host: str
+    cidr: str
+
+
+@dataclass(frozen=True, slots=True)
+class IpamBlock:
+    item: StoredItem
+    cidr: str
+    data: JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class IpamHandle:
+    item: StoredItem
+    handle_id: str
+    data: JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class CalicoHost:
+    """A Calico Node and everything stored for it that goes when the host goes."""
+
+    name: str
+    node: StoredItem
+    k8s_node: str | None
+    ipv4: str | None = None
+    ipv6: str | None = None
+    tunnel_ips: tuple[str, ...] = ()
+    felix_alive: bool = False
+    workload_endpoints: tuple[WorkloadEndpoint, ...] = ()
+    affinities: tuple[BlockAffinity, ...] = ()
+    owned: tuple[StoredItem, ...] = ()
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataProblem:
+    """Something in the datastore this tool did not understand; reported, never fatal."""
+
+    kind: str
+    key: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    guid: str | None = None
+    datastore_ready: bool | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One consistent read of a Calico datastore."""
+
+    hosts: tuple[CalicoHost, ...]
+    blocks: tuple[IpamBlock, ...] = ()
+    handles: Mapping[str, IpamHandle] = field(default_factory=dict)
+    malformed_blocks: tuple[str, ...] = ()
+    malformed_handles: frozenset[str] = frozenset()
+    cluster: ClusterInfo = ClusterInfo()
+    problems: tuple[DataProblem, ...] = ()
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KubeNode:
+    name: str
+    internal_ips: tuple[str, ...] = ()
+
+
+class Action(StrEnum):
+    DELETED = "deleted"
+    WOULD_DELETE = "would_delete"
+    WAITING_GRACE = "waiting_grace"
+    DEFERRED = "deferred"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One conditional write: applies only if the key is still at `revision`.
+
+    `value` None means delete; `before` is the value read, kept for the report.
+    """
+
+    key: str
+    revision: int
+    value: str | None
+    before: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Writes that must succeed or fail together: one datastore transaction."""
+
+    purpose: str
+    writes: tuple[Write, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostDecision:
+    host: CalicoHost
+    action: Action
+    reason: str
+    orphaned_since: datetime | None = None
+    conflict: bool = False
+    steps: tuple[Step, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IpConflict:
+    """Two owners of one IP. `orphan` is None when both owners are live hosts."""
+
+    ip: str
+    orphan: str | None
+    blocks: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class GuardFinding:
+    name: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: tuple[HostDecision, ...]
+    conflicts: tuple[IpConflict, ...]
+    guards: tuple[GuardFinding, ...]
+    next_grace_state: Mapping[str, datetime]
+    live_hosts: int
+    orphans: int
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.guards)

@@ -1,0 +1,238 @@
+"""Pure planning: which Calico hosts are orphans, which wait, which are refused, and how each
+orphan is removed. A function of what was read, the clock and the grace state; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from job.config import Config
+from job.ipam import IpamIndex, plan_release
+from job.model import (
+    Action,
+    CalicoHost,
+    GuardFinding,
+    HostDecision,
+    Inventory,
+    IpConflict,
+    KubeNode,
+    Plan,
+    Step,
+    StoredItem,
+    Write,
+)
+
+MAX_TXN_WRITES = 128
+
+# Reasons, machine-readable, as they appear in the report.
+K8S_NODE_MISSING = "k8s_node_missing"
+NAME_NOT_IN_K8S = "name_not_in_k8s"
+NO_K8S_ORCHREF = "no_k8s_orchref"
+EXCLUDED = "excluded"
+FELIX_ALIVE = "felix_alive"
+MALFORMED_DATA = "malformed_data"
+GRACE_PERIOD = "grace_period"
+CONFLICT_GRACE_PERIOD = "conflict_grace_period"
+MAX_DELETIONS = "max_deletions"
+
+
+@dataclass(frozen=True)
+class Orphan:
+    host: CalicoHost
+    reason: str
+
+
+def k8s_link(host: CalicoHost, config: Config) -> str | None:
+    """The Kubernetes Node name whose absence makes this host an orphan, if there is one."""
+    if host.k8s_node:
+        return host.k8s_node
+    return host.name if config.unreferenced == "match-name" else None
+
+
+def _classify(
+    hosts: Iterable[CalicoHost], k8s_names: set[str], config: Config
+) -> tuple[list[Orphan], list[HostDecision], int]:
+    orphans: list[Orphan] = []
+    skipped: list[HostDecision] = []
+    live = 0
+    for host in hosts:
+        link = k8s_link(host, config)
+        if host.problem is not None:
+            if host.name in k8s_names:
+                live += 1
+            else:
+                skipped.append(HostDecision(host, Action.SKIPPED, MALFORMED_DATA, error=host.problem))
+        elif link is None:
+            if host.name in k8s_names:
+                live += 1
+            else:
+                skipped.append(HostDecision(host, Action.SKIPPED, NO_K8S_ORCHREF))
+        elif link in k8s_names:
+            live += 1
+        else:
+            orphans.append(Orphan(host, K8S_NODE_MISSING if host.k8s_node else NAME_NOT_IN_K8S))
+    return orphans, skipped, live
+
+
+def find_conflicts(
+    hosts: Sequence[CalicoHost], orphan_names: set[str], kube_nodes: Sequence[KubeNode], config: Config
+) -> tuple[IpConflict, ...]:
+    """IPs held by an orphan that a live node or another host also claims."""
+    node_by_ip = {ip: node.name for node in kube_nodes for ip in node.internal_ips}
+    hosts_by_ip: dict[str, list[CalicoHost]] = defaultdict(list)
+    for host in hosts:
+        for ip in {host.ipv4, host.ipv6} - {None}:
+            hosts_by_ip[ip].append(host)  # type: ignore[index]
+    found: dict[tuple[str, str | None, str], IpConflict] = {}
+    for ip, holders in sorted(hosts_by_ip.items()):
+        orphans = [h for h in holders if h.name in orphan_names]
+        for orphan in orphans:
+            node = node_by_ip.get(ip)
+            if node is not None and node != k8s_link(orphan, config):
+                found[(ip, orphan.name, node)] = IpConflict(ip, orphan.name, node, "orphan_holds_live_node_ip")
+            for other in holders:
+                if other is not orphan:
+                    blocked = other.k8s_node or other.name
+                    found.setdefault((ip, orphan.name, blocked),
+                                     IpConflict(ip, orphan.name, blocked, "orphan_shares_host_ip"))
+        if len(holders) > 1 and not orphans:
+            names = ", ".join(sorted(h.name for h in holders))
+            found[(ip, None, names)] = IpConflict(ip, None, names, "live_hosts_share_ip")
+    return tuple(found[key] for key in sorted(found, key=lambda k: (k[0], k[1] or "", k[2])))
+
+
+def check_guards(
+    inventory: Inventory, kube_nodes: Sequence[KubeNode], orphan_count: int, config: Config
+) -> tuple[GuardFinding, ...]:
+    """Reasons to refuse the whole run; empty when it may go ahead."""
+    guards = []
+    if inventory.cluster.datastore_ready is False:
+        guards.append(GuardFinding("datastore_locked", "ClusterInformation says datastoreReady: false "
+                                   "(the Calico datastore is locked, e.g. by a migration)"))
+    if not kube_nodes:
+        guards.append(GuardFinding("empty_k8s_node_list", "the Kubernetes API returned no Nodes; "
+                                   "refusing to treat every Calico host as orphaned"))
+        return tuple(guards)
+    referenced = {h.k8s_node or h.name for h in inventory.hosts} | {h.name for h in inventory.hosts}
+    covered = sum(1 for node in kube_nodes if node.name in referenced)
+    if covered * 2 < len(kube_nodes):
+        guards.append(GuardFinding(
+            "foreign_datastore",
+            f"only {covered} of {len(kube_nodes)} Kubernetes Nodes have a Calico host; this "
+            "datastore looks like it belongs to another cluster"))
+    hosts = len(inventory.hosts)
+    if hosts and orphan_count > config.max_orphan_fraction * hosts:
+        guards.append(GuardFinding(
+            "orphan_fraction",
+            f"{orphan_count} of {hosts} Calico hosts look orphaned, more than "
+            f"--max-orphan-fraction={config.max_orphan_fraction:g}; check the Kubernetes API answer, "
+            "then raise --max-orphan-fraction to go ahead"))
+    return tuple(guards)
+
+
+def _batched(purpose: str, writes: Sequence[Write]) -> list[Step]:
+    return [
+        Step(f"{purpose} ({len(writes[i:i + MAX_TXN_WRITES])} keys)", tuple(writes[i:i + MAX_TXN_WRITES]))
+        for i in range(0, len(writes), MAX_TXN_WRITES)
+    ]
+
+
+def _delete(item: StoredItem) -> Write:
+    return Write(item.key, item.revision, None, item.value)
+
+
+def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], str | None]:
+    """The ordered transactions that remove a gone host (section 7A), or why it cannot be.
+
+    IPAM first (blocks, then handles, as Calico orders them), then the host's own keys,
+    and the Node last, so that an interrupted run leaves a host that is still found next time.
+    """
+    release = plan_release(host, index)
+    if release.problem is not None:
+        return (), release.problem
+    keys = [_delete(endpoint.item) for endpoint in host.workload_endpoints]
+    keys += [_delete(item) for item in host.owned]
+    steps = [
+        *release.block_steps,
+        *_batched("update or delete IPAM handles", release.handle_writes),
+        *_batched("delete endpoints, per-node config and status", keys),
+        Step("delete the Calico Node", (_delete(host.node),)),
+    ]
+    return tuple(steps), None
+
+
+def build_index(inventory: Inventory) -> IpamIndex:
+    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks,
+                           inventory.malformed_handles)
+
+
+def plan_run(
+    inventory: Inventory,
+    kube_nodes: Sequence[KubeNode],
+    grace_state: Mapping[str, datetime],
+    now: datetime,
+    config: Config,
+) -> Plan:
+    """Decide every Calico host that is not live; deterministic for the same inputs."""
+    k8s_names = {node.name for node in kube_nodes}
+    orphans, decisions, live = _classify(inventory.hosts, k8s_names, config)
+    conflicts = find_conflicts(inventory.hosts, {o.host.name for o in orphans}, kube_nodes, config)
+    conflicted = {c.orphan for c in conflicts if c.orphan is not None}
+    guards = check_guards(inventory, kube_nodes, len(orphans), config)
+    index = build_index(inventory)
+    next_state: dict[str, datetime] = {}
+    eligible: list[tuple[Orphan, datetime, bool]] = []
+    for orphan in orphans:
+        host = orphan.host
+        is_conflict = host.name in conflicted
+        if config.is_excluded(host.name):
+            decisions.append(HostDecision(host, Action.SKIPPED, EXCLUDED, conflict=is_conflict))
+            continue
+        if host.felix_alive:
+            decisions.append(HostDecision(host, Action.SKIPPED, FELIX_ALIVE, conflict=is_conflict))
+            continue
+        since = min(grace_state.get(host.name, now), now)
+        next_state[host.name] = since
+        grace = config.conflict_grace_period if is_conflict else config.grace_period
+        if now - since < grace:
+            reason = CONFLICT_GRACE_PERIOD if is_conflict else GRACE_PERIOD
+            decisions.append(HostDecision(host, Action.WAITING_GRACE, reason, since, is_conflict))
+            continue
+        eligible.append((orphan, since, is_conflict))
+    # Conflicts first (a live node is down until they go), then the longest-orphaned.
+    eligible.sort(key=lambda e: (not e[2], e[1], e[0].host.name))
+    taken = 0
+    for orphan, since, is_conflict in eligible:
+        steps, problem = host_steps(orphan.host, index)
+        if problem is not None:
+            decisions.append(HostDecision(orphan.host, Action.SKIPPED, MALFORMED_DATA, since,
+                                          is_conflict, error=problem))
+        elif taken < config.max_deletions:
+            taken += 1
+            decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since,
+                                          is_conflict, steps))
+        else:
+            decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
+    decisions.sort(key=lambda d: d.host.name)
+    return Plan(tuple(decisions), conflicts, guards, next_state, live, len(orphans))
+
+
+def replan_host(inventory: Inventory, previous: HostDecision) -> HostDecision | None:
+    """Decide one host again from a fresh read, after a write found its data changed.
+
+    None means the host is gone already. The Kubernetes side is re-checked by the caller.
+    """
+    host = next((h for h in inventory.hosts if h.name == previous.host.name), None)
+    if host is None:
+        return None
+    if host.felix_alive:
+        return HostDecision(host, Action.SKIPPED, FELIX_ALIVE, previous.orphaned_since, previous.conflict)
+    steps, problem = host_steps(host, build_index(inventory))
+    if problem is not None:
+        return HostDecision(host, Action.SKIPPED, MALFORMED_DATA, previous.orphaned_since,
+                            previous.conflict, error=problem)
+    return HostDecision(host, previous.action, previous.reason, previous.orphaned_since,
+                        previous.conflict, steps)

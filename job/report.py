@@ -1,0 +1,129 @@
+"""The JSON report: the only place that formats a run's outcome for people and machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from job import __version__
+from job.config import Config, format_duration
+from job.model import Action, DataProblem, HostDecision, Plan
+
+SCHEMA_VERSION = "calico-gc/report/v1"
+SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
+
+
+def timestamp(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment else None
+
+
+@dataclass
+class RunRecord:
+    """What a run learnt along the way, filled in as it goes and rendered at the end."""
+
+    run_id: str
+    started_at: datetime
+    config: Config
+    datastore: dict[str, Any] = field(default_factory=dict)
+    k8s_node_count: int | None = None
+    lock: dict[str, Any] = field(default_factory=dict)
+    plan: Plan | None = None
+    decisions: Sequence[HostDecision] = ()
+    errors: list[dict[str, str]] = field(default_factory=list)
+    outcome: str = "ok"
+
+    def error(self, kind: str, message: str, key: str | None = None) -> None:
+        self.errors.append({"kind": kind, "message": message, **({"key": key} if key else {})})
+
+    def problems(self, problems: Sequence[DataProblem]) -> None:
+        for problem in problems:
+            self.error(problem.kind, problem.message, problem.key)
+
+
+def _changes(decision: HostDecision) -> list[dict[str, Any]]:
+    return [
+        {"key": w.key, "op": "delete" if w.value is None else "update", "revision": w.revision,
+         "before": w.before, **({"after": w.value} if w.value is not None else {})}
+        for step in decision.steps for w in step.writes
+    ]
+
+
+def _host(decision: HostDecision) -> dict[str, Any]:
+    host = decision.host
+    entry: dict[str, Any] = {
+        "name": host.name, "k8s_node": host.k8s_node, "ipv4": host.ipv4, "ipv6": host.ipv6,
+        "action": str(decision.action), "reason": decision.reason,
+        "orphaned_since": timestamp(decision.orphaned_since), "conflict": decision.conflict,
+        "changes": _changes(decision) if decision.action in (
+            Action.DELETED, Action.WOULD_DELETE, Action.FAILED) else [],
+    }
+    if decision.error:
+        entry["error"] = decision.error
+    return entry
+
+
+def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str, Any]:
+    config, plan = record.config, record.plan
+    actions = Counter(str(d.action) for d in record.decisions)
+    summary: dict[str, Any] = {
+        "calico_hosts": (plan.live_hosts + len(plan.decisions)) if plan else None,
+        "live": plan.live_hosts if plan else None,
+        "orphaned": plan.orphans if plan else None,
+        **{str(action): actions.get(str(action), 0) for action in Action},
+        "conflicts": len(plan.conflicts) if plan else 0,
+        "errors": len(record.errors),
+        "refused": bool(plan and plan.refused),
+    }
+    return {
+        "schema": SCHEMA_VERSION,
+        "tool": {"name": "calico-gc", "version": __version__},
+        "run_id": record.run_id,
+        "started_at": timestamp(record.started_at),
+        "finished_at": timestamp(finished_at),
+        "mode": "apply" if config.apply else "dry-run",
+        "outcome": record.outcome,
+        "exit_code": exit_code,
+        "datastore": record.datastore,
+        "kubernetes": {"node_count": record.k8s_node_count},
+        "lock": record.lock,
+        "settings": {
+            "grace_period": format_duration(config.grace_period),
+            "conflict_grace_period": format_duration(config.conflict_grace_period),
+            "max_deletions": config.max_deletions,
+            "max_orphan_fraction": config.max_orphan_fraction,
+            "unreferenced": config.unreferenced,
+            "exclude": list(config.exclude),
+        },
+        "summary": summary,
+        "guards": [{"name": g.name, "message": g.message} for g in plan.guards] if plan else [],
+        "conflicts": [{"ip": c.ip, "orphan": c.orphan, "blocks": c.blocks, "kind": c.kind}
+                      for c in plan.conflicts] if plan else [],
+        "errors": record.errors,
+        "hosts": [_host(d) for d in record.decisions],
+    }
+
+
+def write(report: dict[str, Any], path: Path | None, stdout: TextIO = sys.stdout) -> None:
+    """To stdout, and atomically to `path` when given."""
+    text = json.dumps(report, indent=2)
+    stdout.write(text + "\n")
+    stdout.flush()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(handle, "w") as out:
+            out.write(text + "\n")
+        os.replace(temporary, path)
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    counts = ", ".join(f"{k}={v}" for k, v in report["summary"].items() if v not in (None, 0, False))
+    return f"{report['mode']} {report['outcome']} (exit {report['exit_code']}): {counts or 'nothing found'}"

@@ -1,0 +1,132 @@
+"""One run, start to end: lock, read, plan, record grace, apply, report.
+
+Everything outside is injected (clients, state store, lock, clock), so tests drive the real
+flow against real servers without patching anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import IntEnum
+from typing import Any, Protocol
+
+import structlog
+
+from job.apply import NodeChecker, apply_plan
+from job.config import Config
+from job.datastores.base import Datastore, DatastoreError
+from job.kube import Conflict, KubeError
+from job.model import Action, KubeNode
+from job.plan import plan_run
+from job.report import RunRecord, build
+from job.state import StateStore
+
+log = structlog.get_logger("calico_gc")
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    REFUSED = 3
+    PARTIAL_FAILURE = 4
+
+
+class Lock(Protocol):
+    def acquire(self) -> str | None:
+        """None when taken; otherwise who holds it."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class NodeSource(NodeChecker, Protocol):
+    def list_nodes(self) -> tuple[KubeNode, ...]: ...
+
+
+@dataclass(frozen=True)
+class Dependencies:
+    nodes: NodeSource
+    datastore: Datastore
+    state: StateStore
+    lock: Lock | None
+    clock: Callable[[], datetime]
+    run_id: str
+
+
+def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
+    """Do one run; return its report and exit code. Never raises for expected failures."""
+    record = RunRecord(deps.run_id, deps.clock(), config,
+                       datastore={**deps.datastore.describe(), "cluster_guid": None})
+    record.lock = {"mode": config.lock, "acquired": False, "holder": None}
+    structlog.contextvars.bind_contextvars(run_id=deps.run_id)
+    log.info("run_started", mode="apply" if config.apply else "dry-run", datastore=config.datastore_type)
+    try:
+        code = _run_locked(config, deps, record)
+    except (KubeError, DatastoreError) as error:
+        log.error("run_failed", error=str(error))
+        record.error("unavailable", str(error))
+        record.outcome, code = "error", ExitCode.ERROR
+    except Exception as error:  # a bug: logged with its traceback, reported, exit 1
+        log.exception("unexpected_error")
+        record.error("unexpected", f"{type(error).__name__}: {error}")
+        record.outcome, code = "error", ExitCode.ERROR
+    report = build(record, deps.clock(), int(code))
+    log.info("run_finished", outcome=record.outcome, exit_code=int(code), summary=report["summary"])
+    return report, int(code)
+
+
+def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
+    if deps.lock is None:
+        return _run(config, deps, record)
+    holder = deps.lock.acquire()
+    if holder is not None:
+        log.info("lock_held_elsewhere", holder=holder)
+        record.lock["holder"] = holder
+        record.outcome = "lock_held"
+        return ExitCode.OK
+    record.lock.update(acquired=True, holder=deps.run_id)
+    try:
+        return _run(config, deps, record)
+    finally:
+        try:
+            deps.lock.release()
+        except KubeError as error:
+            log.warning("lock_release_failed", error=str(error))
+
+
+def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
+    kube_nodes = deps.nodes.list_nodes()
+    record.k8s_node_count = len(kube_nodes)
+    inventory = deps.datastore.read()
+    record.datastore.update(cluster_guid=inventory.cluster.guid,
+                            datastore_ready=inventory.cluster.datastore_ready, revision=inventory.revision)
+    record.problems(inventory.problems)
+    try:
+        grace_state = deps.state.load()
+    except KubeError as error:
+        record.error("grace_state", f"could not read grace state, every wait restarts: {error}")
+        grace_state = {}
+    plan = plan_run(inventory, kube_nodes, grace_state, deps.clock(), config)
+    record.plan, record.decisions = plan, plan.decisions
+    for decision in plan.decisions:
+        log.info("decision", host=decision.host.name, action=str(decision.action), reason=decision.reason,
+                 conflict=decision.conflict)
+    if plan.refused:
+        for guard in plan.guards:
+            log.error("refused", guard=guard.name, message=guard.message)
+        record.outcome = "refused"
+        return ExitCode.REFUSED
+    try:
+        deps.state.save(plan.next_grace_state)
+    except (KubeError, Conflict, OSError) as error:
+        record.error("grace_state", f"could not save grace state: {error}")
+    if not config.apply:
+        return ExitCode.OK
+    record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config)
+    if any(d.action is Action.FAILED for d in record.decisions):
+        record.outcome = "partial_failure"
+        return ExitCode.PARTIAL_FAILURE
+    return ExitCode.OK

@@ -1,0 +1,118 @@
+"""Fixtures: a real etcd per test session, a Kubernetes API test server per test, and a
+helper that runs the real job flow against both and checks every report against its schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from job.config import Config, EtcdEndpoint
+from job.datastores.etcdv3 import EtcdV3Datastore
+from job.kube import Kube, LeaseLock, api_client
+from job.report import SCHEMA_PATH
+from job.retry import RetryPolicy
+from job.runner import Dependencies, run
+from job.state import FileStateStore, StateStore
+from tests.support import calico
+from tests.support.etcd_server import EtcdServer
+from tests.support.kubeapi import KubeApiServer
+from tests.support.scenario import Scenario
+
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def validate_report(report: dict[str, Any]) -> None:
+    jsonschema.validate(report, SCHEMA)
+
+
+def no_sleep_retry(attempts: int = 4, **hooks: Any) -> RetryPolicy:
+    """Real retry policy, no waiting between attempts (tests never sleep)."""
+    return RetryPolicy(attempts=attempts, timeout_s=60, sleep=lambda _: None, **hooks)
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    server = EtcdServer()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def etcd(etcd_server: EtcdServer) -> Iterator[EtcdServer]:
+    if etcd_server.process is None:  # a test stopped it and did not bring it back
+        etcd_server.start()
+    calico.wipe(etcd_server.url)
+    yield etcd_server
+    if etcd_server.process is None:
+        etcd_server.start()
+
+
+@pytest.fixture
+def kubeapi() -> Iterator[KubeApiServer]:
+    server = KubeApiServer().start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Harness:
+    """Runs the job's real flow against the test servers, with an injectable clock."""
+
+    etcd: EtcdServer
+    kubeapi: KubeApiServer
+    tmp: Path
+    now: datetime = NOW
+    retry: RetryPolicy = no_sleep_retry()
+
+    def seed(self, scenario: Scenario) -> None:
+        calico.load(self.etcd.url, scenario.seed.keys)
+        for name, ip in scenario.k8s_nodes:
+            self.kubeapi.add_node(name, ip)
+
+    def config(self, **overrides: Any) -> Config:
+        base = Config(
+            etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", self.etcd.client_port),),
+            kubeconfig=self.kubeapi.write_kubeconfig(self.tmp / "kubeconfig"),
+            state_file=self.tmp / "state.json", lock="none", namespace="calico-gc",
+            grace_period=timedelta(0), page_size=3,
+        )
+        return replace(base, **overrides)
+
+    def dependencies(self, config: Config, state: StateStore | None = None, lock: bool = False) -> Dependencies:
+        kube = Kube(api_client(config), self.retry, page_size=2, clock=lambda: self.now)
+        lease = LeaseLock(kube, config.namespace, "calico-gc", "test-run", config.lease_duration) if lock else None
+        return Dependencies(kube, EtcdV3Datastore(config, self.retry), state or FileStateStore(
+            config.state_file or self.tmp / "state.json"), lease, lambda: self.now, "test-run")
+
+    def run(self, config: Config | None = None, **kwargs: Any) -> tuple[dict[str, Any], int]:
+        config = config or self.config()
+        deps = self.dependencies(config, **kwargs)
+        try:
+            report, code = run(config, deps)
+        finally:
+            deps.datastore.close()
+        validate_report(report)
+        return report, code
+
+    def dump(self) -> dict[str, tuple[str, int]]:
+        return calico.dump(self.etcd.url)
+
+
+@pytest.fixture
+def harness(etcd: EtcdServer, kubeapi: KubeApiServer, tmp_path: Path) -> Harness:
+    return Harness(etcd, kubeapi, tmp_path)
+
+
+def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["name"]: h for h in report["hosts"]}
+

@@ -1,0 +1,178 @@
+"""Build Calico 3.x etcd-v3 data the way Calico writes it, and load it into a real etcd.
+
+Used by the tests, `make demo` and the benchmark. Values follow calico-datamodel.md section 1
+(field names, key shapes, handle IDs); they are built here, not copied from a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+R = "/calico/resources/v3/projectcalico.org/"
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@dataclass
+class CalicoSeed:
+    """An in-memory Calico datastore: `keys` maps each etcd key to its JSON text."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+    blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    handles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sequence: int = 1_700_000_000_000_000_000
+
+    def resource(self, plural: str, name: str, kind: str, spec: dict[str, Any], namespace: str | None = None) -> str:
+        metadata: dict[str, Any] = {"name": name, "uid": f"uid-{plural}-{name}",
+                                    "creationTimestamp": "2026-01-01T00:00:00Z"}
+        if namespace:
+            metadata["namespace"] = namespace
+        key = f"{R}{plural}/{namespace + '/' if namespace else ''}{name}"
+        self.keys[key] = _dump({"kind": kind, "apiVersion": "projectcalico.org/v3", "metadata": metadata,
+                                "spec": spec})
+        return key
+
+    def cluster_information(self, guid: str = "a1b2c3d4e5f6", ready: bool = True) -> None:
+        self.resource("clusterinformations", "default", "ClusterInformation",
+                      {"clusterGUID": guid, "clusterType": "k8s,bgp,kops", "calicoVersion": "v3.32.1",
+                       "datastoreReady": ready})
+
+    def node(self, name: str, ipv4: str | None = None, k8s_node: str | None = "",
+             tunnel_ip: str | None = None, ipv6: str | None = None) -> str:
+        """A Calico Node; k8s_node "" means "same as name", None means no orchRefs at all."""
+        bgp: dict[str, Any] = {}
+        if ipv4:
+            bgp["ipv4Address"] = f"{ipv4}/19"
+        if ipv6:
+            bgp["ipv6Address"] = f"{ipv6}/64"
+        if tunnel_ip:
+            bgp["ipv4IPIPTunnelAddr"] = tunnel_ip
+        spec: dict[str, Any] = {"bgp": bgp} if bgp else {}
+        if k8s_node is not None:
+            spec["orchRefs"] = [{"nodeName": k8s_node or name, "orchestrator": "k8s"}]
+        key = self.resource("nodes", name, "Node", spec)
+        if tunnel_ip:
+            self.allocate(tunnel_ip, f"ipip-tunnel-addr-{name}", name, kind="ipipTunnelAddress")
+        return key
+
+    def block(self, cidr: str, host: str | None) -> dict[str, Any]:
+        network = ipaddress.ip_network(cidr)
+        block = {
+            "cidr": cidr, "affinity": f"host:{host}" if host else None,
+            "allocations": [None] * network.num_addresses, "unallocated": list(range(network.num_addresses)),
+            "attributes": [], "deleted": False, "sequenceNumber": self.sequence,
+            "sequenceNumberForAllocation": {}, "strictAffinity": False,
+        }
+        self.sequence += 1000
+        self.blocks[cidr] = block
+        version = network.version
+        if host:
+            self.keys[f"/calico/ipam/v2/host/{host}/ipv{version}/block/{cidr.replace('/', '-')}"] = _dump(
+                {"state": "confirmed", "deleted": False})
+        self._sync_block(cidr)
+        return block
+
+    def _sync_block(self, cidr: str) -> None:
+        version = ipaddress.ip_network(cidr).version
+        self.keys[f"/calico/ipam/v2/assignment/ipv{version}/block/{cidr.replace('/', '-')}"] = _dump(self.blocks[cidr])
+
+    def allocate(self, ip: str, handle: str, node: str, kind: str | None = None,
+                 pod: str | None = None, namespace: str | None = None) -> None:
+        address = ipaddress.ip_address(ip)
+        cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
+        block = self.blocks[cidr]
+        ordinal = int(address) - int(ipaddress.ip_network(cidr).network_address)
+        secondary: dict[str, str] = {"node": node}
+        if kind:
+            secondary["type"] = kind
+        if pod and namespace:
+            secondary.update(namespace=namespace, pod=pod, timestamp="2026-01-01 00:00:00 +0000 UTC")
+        block["attributes"].append({"handle_id": handle, "secondary": secondary})
+        block["allocations"][ordinal] = len(block["attributes"]) - 1
+        block["unallocated"].remove(ordinal)
+        block["sequenceNumber"] += 1
+        block["sequenceNumberForAllocation"][str(ordinal)] = block["sequenceNumber"]
+        self._sync_block(cidr)
+        entry = self.handles.setdefault(handle, {"block": {}, "deleted": False})
+        entry["block"][cidr] = entry["block"].get(cidr, 0) + 1
+        self.keys[f"/calico/ipam/v2/handle/{handle}"] = _dump(entry)
+
+    def pod(self, node: str, namespace: str, pod: str, ip: str) -> str:
+        """A pod's workload endpoint and its IPAM allocation; returns the WEP key."""
+        container = hashlib.sha256(f"{node}/{namespace}/{pod}".encode()).hexdigest()[:16]
+        self.allocate(ip, f"k8s-pod-network.{container}", node, pod=pod, namespace=namespace)
+        name = "-".join(part.replace("-", "--") for part in (node, "k8s", pod, "eth0"))
+        return self.resource("workloadendpoints", name, "WorkloadEndpoint", {
+            "orchestrator": "k8s", "workload": "", "node": node, "containerID": container, "pod": pod,
+            "endpoint": "eth0", "serviceAccountName": "default", "ipNetworks": [f"{ip}/32"],
+            "profiles": [f"kns.{namespace}", "ksa.default.default"], "interfaceName": f"cali{container[:11]}",
+            "mac": "ee:ee:ee:ee:ee:ee"}, namespace=namespace)
+
+    def felix(self, host: str, alive: bool) -> None:
+        base = f"/calico/felix/v2/no-region/host/{host}/"
+        report = _dump({"time": "2026-11-30T05:00:00Z", "uptime": 1200.5, "first_update": False})
+        self.keys[base + "last_reported_status"] = report
+        if alive:
+            self.keys[base + "status"] = report
+
+    def node_config(self, host: str) -> None:
+        self.resource("felixconfigurations", f"node.{host}", "FelixConfiguration", {"defaultEndpointToHostAction": "Return"})
+        self.resource("bgpconfigurations", f"node.{host}", "BGPConfiguration", {"listenPort": 179})
+
+    def peer(self, name: str, node: str | None) -> str:
+        spec: dict[str, Any] = {"peerIP": "10.0.0.250", "asNumber": 64512}
+        if node:
+            spec["node"] = node
+        else:
+            spec["nodeSelector"] = "all()"
+        return self.resource("bgppeers", name, "BGPPeer", spec)
+
+    def host_endpoint(self, name: str, node: str) -> str:
+        return self.resource("hostendpoints", name, "HostEndpoint", {"node": node, "interfaceName": "eth0"})
+
+
+def load(url: str, keys: dict[str, str], session: requests.Session | None = None) -> None:
+    """Put every key into etcd in transactions of 128 puts."""
+    session = session or _session()
+    items = list(keys.items())
+    for start in range(0, len(items), 128):
+        success = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in items[start:start + 128]]
+        response = session.post(f"{url}/v3/kv/txn", json={"success": success}, timeout=30)
+        response.raise_for_status()
+
+
+def dump(url: str, session: requests.Session | None = None) -> dict[str, tuple[str, int]]:
+    """Every key in etcd with its value and mod revision, for before/after comparisons."""
+    session = session or _session()
+    body = {"key": _b64("\0"), "range_end": _b64("\0")}
+    response = session.post(f"{url}/v3/kv/range", json=body, timeout=30)
+    response.raise_for_status()
+    return {
+        base64.b64decode(kv["key"]).decode(): (base64.b64decode(kv.get("value", "")).decode(), int(kv["mod_revision"]))
+        for kv in response.json().get("kvs", [])
+    }
+
+
+def wipe(url: str, session: requests.Session | None = None) -> None:
+    session = session or _session()
+    body = {"key": _b64("\0"), "range_end": _b64("\0")}
+    session.post(f"{url}/v3/kv/deleterange", json=body, timeout=30).raise_for_status()
+
+
+def _session() -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    return session

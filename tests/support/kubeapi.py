@@ -1,0 +1,243 @@
+"""A Kubernetes API test server on loopback that follows the real API's protocol.
+
+It serves any resource by URL shape (`/api/v1/...`, `/apis/<group>/<version>/...`, cluster
+or namespaced), with the real JSON shapes: lists with `limit`/`continue` paging and 410 for an
+expired token, `Status` bodies, resourceVersion on every write and 409 on a stale one, 404 and
+AlreadyExists. Faults (any status, e.g. 429/5xx/403) and hooks are injected per method and path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
+           429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
+_ROUTE = re.compile(
+    r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
+    r"|/apis/[^/]+/[^/]+(?:/namespaces/(?P<ns2>[^/]+))?/(?P<plural2>[a-z]+))(?:/(?P<name>[^/]+))?$"
+)
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    times: int
+    body: dict[str, Any] | None = None
+
+
+@dataclass
+class Hook:
+    method: str
+    path: re.Pattern[str]
+    action: Callable[[], None]
+    times: int
+
+
+def status_body(code: int, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": REASONS.get(code, "Unknown"), "code": code, **({"details": details} if details else {})}
+
+
+@dataclass
+class KubeApiServer:
+    objects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
+    expired_tokens: bool = False
+    _revision: int = 100
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _server: ThreadingHTTPServer | None = None
+
+    # Lifecycle
+
+    def start(self) -> KubeApiServer:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    # Seeding and inspection
+
+    def put(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            metadata = obj.setdefault("metadata", {})
+            metadata.setdefault("uid", str(uuid.uuid4()))
+            metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            metadata["resourceVersion"] = self._next_revision()
+            self.objects.setdefault(collection, {})[metadata["name"]] = obj
+            return obj
+
+    def get(self, collection: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self.objects.get(collection, {}).get(name)
+
+    def add_node(self, name: str, internal_ip: str | None = None) -> None:
+        addresses = [{"type": "InternalIP", "address": internal_ip}] if internal_ip else []
+        self.put("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                                   "status": {"addresses": [*addresses, {"type": "Hostname", "address": name}]}})
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            self.objects.get("/api/v1/nodes", {}).pop(name, None)
+
+    def fail(self, method: str, path: str, status: int, times: int = 1, body: dict[str, Any] | None = None) -> None:
+        """Answer the next `times` matching requests with `status` instead of serving them."""
+        self.faults.append(Fault(method, re.compile(path), status, times, body))
+
+    def on(self, method: str, path: str, action: Callable[[], None], times: int = 1) -> None:
+        """Run `action` before serving the next `times` matching requests."""
+        self.hooks.append(Hook(method, re.compile(path), action, times))
+
+    def count(self, method: str, path: str) -> int:
+        pattern = re.compile(path)
+        return sum(1 for m, p in self.requests if m == method and pattern.search(p))
+
+    # Serving
+
+    def _next_revision(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        parts = urlsplit(raw_path)
+        with self._lock:
+            self.requests.append((method, parts.path))
+            hooks = [h for h in self.hooks if h.method == method and h.path.search(parts.path) and h.times > 0]
+            for hook in hooks:
+                hook.times -= 1
+        for hook in hooks:
+            hook.action()
+        with self._lock:
+            for fault in self.faults:
+                if fault.method == method and fault.path.search(parts.path) and fault.times > 0:
+                    fault.times -= 1
+                    return fault.status, fault.body or status_body(fault.status, f"injected {fault.status}")
+            route = _ROUTE.match(parts.path)
+            if route is None:
+                return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
+            collection, name = route.group("collection"), route.group("name")
+            plural = route.group("plural") or route.group("plural2")
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            try:
+                payload = json.loads(body) if body else {}
+            except ValueError:
+                return 400, status_body(400, "request body is not JSON")
+            return self._serve(method, collection, plural, name, query, payload)
+
+    def _serve(self, method: str, collection: str, plural: str, name: str | None,
+               query: dict[str, str], payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        items = self.objects.setdefault(collection, {})
+        kind = KINDS.get(plural, plural[:-1].capitalize())
+        details = {"name": name, "kind": plural}
+        if method == "GET" and name is None:
+            return self._list(items, kind, query)
+        if method == "POST" and name is None:
+            new_name = (payload.get("metadata") or {}).get("name")
+            if not new_name:
+                return 400, status_body(400, "metadata.name is required")
+            if new_name in items:
+                return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
+            return 201, self.put(collection, payload)
+        if name is None:
+            return 405, status_body(405, "method not allowed")
+        current = items.get(name)
+        if current is None:
+            return 404, status_body(404, f'{plural} "{name}" not found', details)
+        if method == "GET":
+            return 200, current
+        if method == "PUT":
+            sent = (payload.get("metadata") or {}).get("resourceVersion")
+            if sent != current["metadata"]["resourceVersion"]:
+                return 409, status_body(409, f'Operation cannot be fulfilled on {plural} "{name}": the object '
+                                        "has been modified; please apply your changes to the latest version "
+                                        "and try again", details)
+            payload["metadata"]["uid"] = current["metadata"]["uid"]
+            return 200, self.put(collection, payload)
+        if method == "DELETE":
+            del items[name]
+            return 200, current
+        return 405, status_body(405, "method not allowed")
+
+    def _list(self, items: dict[str, dict[str, Any]], kind: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        names = sorted(items)
+        start = 0
+        token = query.get("continue")
+        if token:
+            try:
+                last = json.loads(base64.urlsafe_b64decode(token))["last"]
+            except (ValueError, KeyError, binascii.Error):
+                return 400, status_body(400, "invalid continue token")
+            if self.expired_tokens:
+                return 410, status_body(410, "The provided continue parameter is too old to display a "
+                                        "consistent list result. You can start a new list without the "
+                                        "continue parameter.")
+            start = next((i for i, n in enumerate(names) if n > last), len(names))
+        limit = int(query.get("limit") or 0) or len(names)
+        page = names[start:start + limit]
+        metadata: dict[str, Any] = {"resourceVersion": str(self._revision)}
+        if start + limit < len(names):
+            metadata["continue"] = base64.urlsafe_b64encode(json.dumps({"last": page[-1]}).encode()).decode()
+            metadata["remainingItemCount"] = len(names) - start - limit
+        return 200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata,
+                     "items": [items[n] for n in page]}
+
+
+def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _respond(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            status, body = api.handle(self.command, self.path, self.rfile.read(length) if length else b"")
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if status == 429:
+                self.send_header("Retry-After", "1")
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _respond
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
