@@ -81,7 +81,10 @@ def find_conflicts(
     hosts: Sequence[CalicoHost], orphan_names: set[str], kube_nodes: Sequence[KubeNode], config: Config
 ) -> tuple[IpConflict, ...]:
     """IPs held by an orphan that a live node or another host also claims."""
-    node_by_ip = {ip: node.name for node in kube_nodes for ip in node.internal_ips}
+    nodes_by_ip: dict[str, set[str]] = defaultdict(set)
+    for kube_node in kube_nodes:
+        for ip in kube_node.internal_ips:
+            nodes_by_ip[ip].add(kube_node.name)
     hosts_by_ip: dict[str, list[CalicoHost]] = defaultdict(list)
     for host in hosts:
         for ip in {host.ipv4, host.ipv6} - {None}:
@@ -90,8 +93,7 @@ def find_conflicts(
     for ip, holders in sorted(hosts_by_ip.items()):
         orphans = [h for h in holders if h.name in orphan_names]
         for orphan in orphans:
-            node = node_by_ip.get(ip)
-            if node is not None and node != k8s_link(orphan, config):
+            for node in nodes_by_ip.get(ip, set()) - {k8s_link(orphan, config)}:
                 found[(ip, orphan.name, node)] = IpConflict(ip, orphan.name, node, "orphan_holds_live_node_ip")
             for other in holders:
                 if other is not orphan:

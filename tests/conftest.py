@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from job import logs
 from job.config import Config, EtcdEndpoint
 from job.datastores.etcdv3 import EtcdV3Datastore
 from job.kube import Kube, LeaseLock, api_client
@@ -37,6 +38,11 @@ def validate_report(report: dict[str, Any]) -> None:
 def no_sleep_retry(attempts: int = 4, **hooks: Any) -> RetryPolicy:
     """Real retry policy, no waiting between attempts (tests never sleep)."""
     return RetryPolicy(attempts=attempts, timeout_s=60, sleep=lambda _: None, **hooks)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def json_logs() -> None:
+    logs.configure("info")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,46 @@
+# calico-gc: `make demo` and `make test` work on a fresh machine with only Python 3.11+.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
+ARGS   ?=
+
+.PHONY: help install test lint demo run bench image clean
+
+help:
+	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
+	@echo "make test   install what the tests need, start it, run every test"
+	@echo "make lint   ruff and mypy"
+	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
+	@echo "make bench  the 5,000-host benchmark (prints its figures)"
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "calico-gc needs Python 3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check job tests bench demo
+	$(BIN)/mypy
+
+demo: $(STAMP)
+	$(BIN)/python -m demo
+
+run: $(STAMP)
+	$(BIN)/python -m job $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.dry_run
+
+image:
+	docker build -t calico-gc:dev .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

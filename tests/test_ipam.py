@@ -1,0 +1,185 @@
+"""IPAM block and handle editing on Calico-shaped values (no datastore involved)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from job.datastores.etcdv3 import build_inventory
+from job.ipam import block_shape_problem, decrement_handle, is_empty, release, without_affinity
+from job.model import StoredItem
+from job.plan import build_index, host_steps
+from tests.support.calico import CalicoSeed
+
+
+def block_with(owners: dict[int, tuple[str, str]], size: int = 8, **extra: Any) -> dict[str, Any]:
+    """A /29 block: ordinal -> (handle, node). Attributes are shared per handle, as Calico does."""
+    attributes: list[dict[str, Any]] = []
+    allocations: list[int | None] = [None] * size
+    for ordinal, (handle, node) in sorted(owners.items()):
+        attribute = {"handle_id": handle, "secondary": {"node": node}}
+        if attribute not in attributes:
+            attributes.append(attribute)
+        allocations[ordinal] = attributes.index(attribute)
+    return {
+        "cidr": "10.1.0.0/29", "affinity": "host:a", "allocations": allocations,
+        "unallocated": [o for o in range(size) if o not in owners], "attributes": attributes,
+        "sequenceNumber": 50, "sequenceNumberForAllocation": {str(o): 40 + o for o in owners},
+        "deleted": False, **extra,
+    }
+
+
+def test_release_frees_ordinals_and_appends_them_to_unallocated() -> None:
+    block = block_with({1: ("h1", "a"), 2: ("h2", "b")})
+    new, handles = release(block, {1})
+    assert new["allocations"][1] is None
+    assert new["unallocated"] == [0, 3, 4, 5, 6, 7, 1]
+    assert "1" not in new["sequenceNumberForAllocation"] and "2" in new["sequenceNumberForAllocation"]
+    assert new["sequenceNumber"] == 51
+    assert handles == {"h1": 1}
+    assert block["allocations"][1] == 0, "the input is never modified"
+
+
+def test_release_compacts_attributes_and_renumbers_every_allocation() -> None:
+    block = block_with({0: ("h0", "gone"), 1: ("h1", "live"), 2: ("h2", "gone"), 3: ("h3", "live")})
+    new, _ = release(block, {0, 2})
+    assert [a["handle_id"] for a in new["attributes"]] == ["h1", "h3"]
+    assert new["allocations"][:4] == [None, 0, None, 1]
+    for ordinal, index in enumerate(new["allocations"]):
+        if index is not None:
+            assert new["attributes"][index]["handle_id"] == block["attributes"][block["allocations"][ordinal]]["handle_id"]
+
+
+def test_an_attribute_shared_by_ips_stays_until_all_of_them_are_released() -> None:
+    block = block_with({0: ("h", "a"), 1: ("h", "a"), 2: ("x", "b")})
+    new, handles = release(block, {0})
+    assert len(new["attributes"]) == 2 and new["allocations"][1] == 0
+    assert handles == {"h": 1}
+
+
+def test_release_keeps_fields_it_does_not_know() -> None:
+    block = block_with({1: ("h1", "a")}, futureField={"x": [1, 2]}, affinity_claim_time="2026-01-01T00:00:00Z")
+    new, _ = release(block, {1})
+    assert new["futureField"] == {"x": [1, 2]}
+    assert new["affinity_claim_time"] == "2026-01-01T00:00:00Z"
+    assert list(new) == list(block), "field order is kept too"
+
+
+def test_calico_2_blocks_get_no_sequence_fields_added() -> None:
+    block = block_with({1: ("h1", "a")})
+    del block["sequenceNumber"], block["sequenceNumberForAllocation"], block["deleted"]
+    new, _ = release(block, {1})
+    assert set(new) == set(block)
+
+
+def test_windows_reserved_allocations_are_never_released_and_do_not_count() -> None:
+    block = block_with({0: ("windows-reserved-ipam-handle", "a"), 1: ("h1", "a")})
+    new, _ = release(block, {0, 1})
+    assert new["allocations"][0] is not None
+    assert is_empty(new)
+
+
+def test_releasing_a_free_ordinal_changes_nothing() -> None:
+    block = block_with({1: ("h1", "a")})
+    new, handles = release(block, {5})
+    assert new == block and not handles
+
+
+def test_without_affinity_clears_the_claim_and_bumps_the_sequence() -> None:
+    new = without_affinity(block_with({1: ("h1", "b")}, affinity_claim_time="t"))
+    assert new["affinity"] is None and "affinity_claim_time" not in new and new["sequenceNumber"] == 51
+
+
+def test_handles_are_decremented_and_deleted_when_empty() -> None:
+    handle = {"block": {"10.1.0.0/29": 2, "10.2.0.0/29": 1}, "deleted": False}
+    assert decrement_handle(handle, {"10.1.0.0/29": 1}) == {"block": {"10.1.0.0/29": 1, "10.2.0.0/29": 1},
+                                                           "deleted": False}
+    assert decrement_handle(handle, {"10.1.0.0/29": 2, "10.2.0.0/29": 1}) is None
+    assert decrement_handle({"block": {"10.1.0.0/29": 1}}, {"10.1.0.0/29": 3}) is None  # counts left too low
+
+
+def test_block_shape_problems_are_named() -> None:
+    assert block_shape_problem(block_with({})) is None
+    assert block_shape_problem([]) == "block value is not a JSON object"
+    assert "cidr" in (block_shape_problem({**block_with({}), "cidr": "nope"}) or "")
+    assert "size" in (block_shape_problem({**block_with({}), "allocations": [None]}) or "")
+    assert "missing attribute" in (block_shape_problem({**block_with({}), "allocations": [9] + [None] * 7}) or "")
+
+
+def _plan(seed: CalicoSeed, name: str) -> list[tuple[str, str | None]]:
+    inventory = build_inventory(iter(StoredItem(k, 1, v) for k, v in seed.keys.items()), 1)
+    host = next(h for h in inventory.hosts if h.name == name)
+    steps, problem = host_steps(host, build_index(inventory))
+    assert problem is None
+    return [(w.key, w.value) for step in steps for w in step.writes]
+
+
+def test_gone_hosts_own_empty_block_is_deleted_with_its_affinity_in_one_step() -> None:
+    seed = CalicoSeed()
+    seed.block("10.9.0.0/26", "gone")
+    seed.node("gone", tunnel_ip="10.9.0.1")
+    inventory = build_inventory(iter(StoredItem(k, 1, v) for k, v in seed.keys.items()), 1)
+    steps, _ = host_steps(inventory.hosts[0], build_index(inventory))
+    first = steps[0]
+    assert [(w.key, w.value) for w in first.writes] == [
+        ("/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26", None),
+        ("/calico/ipam/v2/host/gone/ipv4/block/10.9.0.0-26", None),
+    ]
+
+
+def test_block_lending_ips_to_live_nodes_is_kept_without_affinity() -> None:
+    seed = CalicoSeed()
+    seed.block("10.9.0.0/26", "gone")
+    seed.node("gone")
+    seed.node("live")
+    seed.pod("live", "ns", "p", "10.9.0.7")
+    seed.pod("gone", "ns", "q", "10.9.0.8")
+    writes = dict(_plan(seed, "gone"))
+    block = json.loads(writes["/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26"] or "null")
+    assert block["affinity"] is None
+    assert block["allocations"][7] == 0 and block["allocations"][8] is None
+    assert [a["secondary"]["pod"] for a in block["attributes"]] == ["p"]
+
+
+def test_borrowed_ip_in_a_live_nodes_block_is_released_and_the_block_kept() -> None:
+    seed = CalicoSeed()
+    seed.block("10.9.0.0/26", "live")
+    seed.node("gone")
+    seed.node("live")
+    seed.pod("gone", "ns", "q", "10.9.0.8")
+    writes = dict(_plan(seed, "gone"))
+    block = json.loads(writes["/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26"] or "null")
+    assert block["affinity"] == "host:live" and block["allocations"][8] is None
+
+
+def test_unclaimed_block_emptied_by_the_release_is_deleted() -> None:
+    seed = CalicoSeed()
+    seed.block("10.9.0.0/26", None)
+    seed.node("gone")
+    seed.pod("gone", "ns", "q", "10.9.0.8")
+    assert ("/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26", None) in _plan(seed, "gone")
+
+
+def test_stale_endpoint_ip_now_owned_by_a_live_pod_is_not_released() -> None:
+    seed = CalicoSeed()
+    seed.block("10.9.0.0/26", "live")
+    seed.node("gone")
+    seed.node("live")
+    seed.pod("live", "ns", "new-owner", "10.9.0.8")
+    seed.resource("workloadendpoints", "gone-k8s-old-eth0", "WorkloadEndpoint",
+                  {"node": "gone", "ipNetworks": ["10.9.0.8/32"]}, namespace="ns")
+    keys = [key for key, _ in _plan(seed, "gone")]
+    assert "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26" not in keys
+    assert "/calico/resources/v3/projectcalico.org/workloadendpoints/ns/gone-k8s-old-eth0" in keys
+
+
+def test_handles_of_released_ips_are_deleted_or_decremented() -> None:
+    seed = CalicoSeed()
+    seed.block("10.9.0.0/26", "live")
+    seed.node("gone")
+    seed.node("live")
+    seed.allocate("10.9.0.2", "shared-handle", "gone")
+    seed.allocate("10.9.0.3", "shared-handle", "live")
+    writes = dict(_plan(seed, "gone"))
+    assert json.loads(writes["/calico/ipam/v2/handle/shared-handle"] or "null") == {
+        "block": {"10.9.0.0/26": 1}, "deleted": False}
