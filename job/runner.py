@@ -6,7 +6,7 @@ flow against real servers without patching anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
@@ -97,6 +97,13 @@ def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCo
             log.warning("lock_release_failed", error=str(error))
 
 
+def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> None:
+    try:
+        state.save(grace_state)
+    except (KubeError, Conflict, OSError) as error:
+        record.error("grace_state", f"could not save grace state: {error}")
+
+
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     kube_nodes = deps.nodes.list_nodes()
     record.k8s_node_count = len(kube_nodes)
@@ -119,13 +126,14 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
             log.error("refused", guard=guard.name, message=guard.message)
         record.outcome = "refused"
         return ExitCode.REFUSED
-    try:
-        deps.state.save(plan.next_grace_state)
-    except (KubeError, Conflict, OSError) as error:
-        record.error("grace_state", f"could not save grace state: {error}")
+    _save_state(deps.state, plan.next_grace_state, record)
     if not config.apply:
         return ExitCode.OK
     record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config)
+    deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
+    if deleted:
+        # A name that comes back and is orphaned again must wait its full grace anew.
+        _save_state(deps.state, {n: t for n, t in plan.next_grace_state.items() if n not in deleted}, record)
     if any(d.action is Action.FAILED for d in record.decisions):
         record.outcome = "partial_failure"
         return ExitCode.PARTIAL_FAILURE

@@ -55,7 +55,8 @@ def make_tls_files(directory: Path) -> TlsFiles:
 
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
             "-keyout", "ca.key", "-out", "ca.crt")
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    # etcd's JSON gateway dials its own gRPC port with the server certificate: it needs clientAuth too.
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
     (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",

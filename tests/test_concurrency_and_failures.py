@@ -1,0 +1,214 @@
+"""Races and outages: the lock, the state ConfigMap, a Node re-created mid-run, a key that
+changes under a delete, etcd going away mid-run, and TLS with client certificates."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from tenacity import RetryCallState
+
+from job.config import EtcdEndpoint
+from job.ipam import block_shape_problem
+from job.kube import Kube, api_client
+from job.state import ConfigMapStateStore
+from tests.conftest import Harness, hosts_by_name, no_sleep_retry
+from tests.support import calico
+from tests.support import scenario as s
+from tests.support.etcd_server import EtcdServer, make_tls_files
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
+CONFIGMAPS = "/api/v1/namespaces/calico-gc/configmaps"
+
+
+def lease(holder: str, renewed: str, seconds: int = 3600) -> dict[str, object]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "calico-gc", "namespace": "calico-gc"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": renewed}}
+
+
+def test_lock_held_by_another_run_exits_0_and_touches_nothing(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.put(LEASES, lease("manual-run", "2026-11-30T11:50:00.000000Z"))
+    before = harness.dump()
+    report, code = harness.run(harness.config(apply=True), lock=True)
+    assert code == 0 and report["outcome"] == "lock_held"
+    assert report["lock"] == {"mode": "none", "acquired": False, "holder": "manual-run"}
+    assert harness.dump() == before
+    assert harness.kubeapi.count("GET", "^/api/v1/nodes") == 0, "nothing is read without the lock"
+
+
+def test_expired_lock_is_taken_over_and_released_at_the_end(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.put(LEASES, lease("crashed-run", "2026-11-30T10:00:00.000000Z", seconds=600))
+    report, code = harness.run(harness.config(apply=True), lock=True)
+    assert code == 0 and report["summary"]["deleted"] == 2
+    held = harness.kubeapi.get(LEASES, "calico-gc")
+    assert held is not None and "holderIdentity" not in held["spec"]
+    assert held["spec"]["leaseTransitions"] == 1
+
+
+def test_free_lock_is_created_then_released(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    _, code = harness.run(harness.config(), lock=True)
+    assert code == 0
+    assert harness.kubeapi.count("POST", f"^{LEASES}$") == 1
+    held = harness.kubeapi.get(LEASES, "calico-gc")
+    assert held is not None and "holderIdentity" not in held["spec"]
+
+
+def test_losing_the_lease_race_on_create_is_lock_held(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.fail("POST", f"^{LEASES}$", 409)
+    report, code = harness.run(harness.config(apply=True), lock=True)
+    assert (code, report["outcome"]) == (0, "lock_held")
+
+
+def configmap_store(harness: Harness) -> ConfigMapStateStore:
+    config = harness.config()
+    return ConfigMapStateStore(Kube(api_client(config), harness.retry), "calico-gc", "calico-gc-state")
+
+
+def test_grace_state_lives_in_a_configmap_across_runs(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    config = harness.config(apply=True, grace_period=timedelta(minutes=30), conflict_grace_period=timedelta(minutes=30))
+    harness.run(config, state=configmap_store(harness))
+    stored = harness.kubeapi.get(CONFIGMAPS, "calico-gc-state")
+    assert stored is not None
+    assert set(json.loads(stored["data"]["state.json"])["orphans"]) == {s.CONFLICT_ORPHAN, s.POD_ORPHAN}
+    harness.now += timedelta(minutes=30)
+    report, _ = harness.run(config, state=configmap_store(harness))
+    assert report["summary"]["deleted"] == 2
+    stored = harness.kubeapi.get(CONFIGMAPS, "calico-gc-state")
+    assert stored is not None and json.loads(stored["data"]["state.json"])["orphans"] == {}
+
+
+def test_conflict_on_the_state_configmap_rereads_and_keeps_the_earliest_sighting(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    config = harness.config(grace_period=timedelta(minutes=30), conflict_grace_period=timedelta(minutes=30))
+    harness.run(config, state=configmap_store(harness))
+    earlier = {"schema": 1, "orphans": {s.POD_ORPHAN: "2026-11-30T09:00:00Z", "gone-meanwhile": "2026-11-30T09:00:00Z"}}
+
+    def concurrent_writer() -> None:
+        current = harness.kubeapi.get(CONFIGMAPS, "calico-gc-state")
+        assert current is not None
+        harness.kubeapi.put(CONFIGMAPS, {**current, "data": {"state.json": json.dumps(earlier)}})
+
+    harness.kubeapi.on("PUT", f"^{CONFIGMAPS}/calico-gc-state$", concurrent_writer)
+    harness.now += timedelta(minutes=1)
+    report, code = harness.run(config, state=configmap_store(harness))
+    assert code == 0 and not report["errors"]
+    stored = harness.kubeapi.get(CONFIGMAPS, "calico-gc-state")
+    assert stored is not None
+    assert json.loads(stored["data"]["state.json"])["orphans"] == {
+        s.CONFLICT_ORPHAN: "2026-11-30T12:00:00Z", s.POD_ORPHAN: "2026-11-30T09:00:00Z"}
+    assert harness.kubeapi.count("PUT", f"^{CONFIGMAPS}/calico-gc-state$") == 2
+
+
+def test_node_recreated_between_plan_and_delete_spares_the_host(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", lambda: harness.kubeapi.add_node(s.POD_ORPHAN))
+    before = harness.dump()
+    report, code = harness.run(harness.config(apply=True))
+    hosts = hosts_by_name(report)
+    assert code == 0
+    assert (hosts[s.POD_ORPHAN]["action"], hosts[s.POD_ORPHAN]["reason"]) == ("skipped", "k8s_node_recreated")
+    assert hosts[s.CONFLICT_ORPHAN]["action"] == "deleted"
+    assert {k: v for k, v in harness.dump().items() if s.POD_ORPHAN in k} == {
+        k: v for k, v in before.items() if s.POD_ORPHAN in k}
+
+
+def test_recheck_that_keeps_failing_marks_the_host_failed_exit_4(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.fail("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", 500, times=100)
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 4 and report["outcome"] == "partial_failure"
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    assert (entry["action"], entry["reason"]) == ("failed", "k8s_recheck_failed") and entry["changes"] == []
+    assert hosts_by_name(report)[s.CONFLICT_ORPHAN]["action"] == "deleted", "the run goes on with the others"
+
+
+def test_key_changed_under_a_delete_is_reread_and_decided_again(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    block_key = "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"
+
+    def someone_allocates_in_the_orphans_block() -> None:
+        seed = scenario.seed
+        seed.pod(s.LIVE[2], "shop", "late-pod", "100.96.20.30")
+        calico.load(harness.etcd.url, {k: seed.keys[k] for k in (block_key,)})
+
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", someone_allocates_in_the_orphans_block)
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
+    block = json.loads(harness.dump()[block_key][0])
+    pods = sorted(a["secondary"]["pod"] for a in block["attributes"])
+    assert pods == ["api-1", "late-pod"], "the allocation made meanwhile survives"
+    assert block["allocations"][30] is not None and block["affinity"] is None
+
+
+@pytest.fixture
+def outage(harness: Harness) -> Iterator[Harness]:
+    yield harness
+    if harness.etcd.process is None:
+        harness.etcd.start()
+
+
+def test_etcd_stopped_mid_run_then_back_is_retried(outage: Harness) -> None:
+    harness = outage
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", harness.etcd.stop)
+
+    def restart_on_second_retry(state: RetryCallState) -> None:
+        if state.attempt_number == 2 and harness.etcd.process is None:
+            harness.etcd.start()
+
+    harness.retry = no_sleep_retry(attempts=5, before_sleep=(restart_on_second_retry,))
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2
+
+
+def test_etcd_down_for_good_fails_the_host_exit_4_and_leaves_no_half_edited_block(outage: Harness) -> None:
+    harness = outage
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", harness.etcd.stop)
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 4
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    assert (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    assert "ConnectionFailedError" in entry["error"]
+    harness.etcd.start()
+    after = harness.dump()
+    for key, (value, _) in after.items():
+        if "/assignment/" in key:
+            assert block_shape_problem(json.loads(value)) is None
+    assert {k: v for k, v in after.items() if s.POD_ORPHAN in k} == {
+        k: v for k, v in before.items() if s.POD_ORPHAN in k}, "nothing of the failed host was written"
+
+
+def test_tls_with_client_certificates(harness: Harness, tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path)
+    server = EtcdServer(tls=tls)
+    server.start()
+    try:
+        session = calico._session()
+        session.verify, session.cert = str(tls.ca), (str(tls.client_cert), str(tls.client_key))
+        scenario = s.kops_cluster()
+        calico.load(server.url, scenario.seed.keys, session)
+        for name, ip in scenario.k8s_nodes:
+            harness.kubeapi.add_node(name, ip)
+        config = replace(harness.config(apply=True), etcd_endpoints=(EtcdEndpoint("https", "127.0.0.1", server.client_port),),
+                         etcd_ca_cert_file=tls.ca, etcd_cert_file=tls.client_cert, etcd_key_file=tls.client_key)
+        report, code = harness.run(config)
+        assert code == 0 and report["summary"]["deleted"] == 2
+        assert not [k for k in calico.dump(server.url, session) if s.POD_ORPHAN in k]
+        without_cert = replace(config, etcd_cert_file=None, etcd_key_file=None)
+        report, code = harness.run(without_cert)
+        assert code == 1 and report["outcome"] == "error"
+    finally:
+        server.close()
