@@ -28,8 +28,9 @@ class NodeChecker(Protocol):
 
 def _log_step(host: str, step: Step) -> None:
     for write in step.writes:
-        log.info("write", host=host, op="delete" if write.value is None else "update",
-                 key=write.key, revision=write.revision)
+        log.info(
+            "write", host=host, op="delete" if write.value is None else "update", key=write.key, revision=write.revision
+        )
 
 
 def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config) -> HostDecision:

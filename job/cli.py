@@ -30,11 +30,17 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
     run_id = uuid.uuid4().hex[:12]
     retry = retry_policy(config)
     kube = Kube(api_client(config), retry, clock=_now)
-    state: StateStore = (FileStateStore(config.state_file) if config.state_file
-                         else ConfigMapStateStore(kube, config.namespace, config.state_configmap))
+    state: StateStore = (
+        FileStateStore(config.state_file)
+        if config.state_file
+        else ConfigMapStateStore(kube, config.namespace, config.state_configmap)
+    )
     holder = f"{environ.get('POD_NAME') or socket.gethostname()}/{run_id}"
-    lock = (LeaseLock(kube, config.namespace, config.lock_name, holder, config.lease_duration)
-            if config.lock == "lease" else None)
+    lock = (
+        LeaseLock(kube, config.namespace, config.lock_name, holder, config.lease_duration)
+        if config.lock == "lease"
+        else None
+    )
     return Dependencies(kube, EtcdV3Datastore(config, retry), state, lock, _now, run_id)
 
 

@@ -96,56 +96,140 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--apply", "CALICO_GC_APPLY", "false", "Delete for real. Without it the run is a dry run "
-           "that reads everything and reports exactly what it would do.", switch=True),
-    Option("--grace-period", "CALICO_GC_GRACE_PERIOD", "30m", "How long a host must be seen "
-           "orphaned, continuously, before it is deleted.", metavar="DURATION"),
-    Option("--conflict-grace-period", "CALICO_GC_CONFLICT_GRACE_PERIOD", "0s", "Grace period for "
-           "an orphan that holds the IP of a live node or host (that node is down until it goes).",
-           metavar="DURATION"),
-    Option("--max-deletions", "CALICO_GC_MAX_DELETIONS", "20", "Most hosts deleted in one run; "
-           "the rest are deferred to the next run.", metavar="N"),
-    Option("--max-orphan-fraction", "CALICO_GC_MAX_ORPHAN_FRACTION", "0.5", "Refuse the run when "
-           "more than this fraction of Calico hosts look orphaned.", metavar="FRACTION"),
-    Option("--unreferenced", "CALICO_GC_UNREFERENCED", "skip", "Hosts without a k8s orchRef: skip "
-           "them, or treat one as orphaned when its name equals no Kubernetes Node name.",
-           choices=("skip", "match-name")),
-    Option("--exclude", "CALICO_GC_EXCLUDE", None, "Regular expression of host names never to "
-           "touch (full match; repeatable; the variable takes a comma-separated list).",
-           metavar="REGEX", repeatable=True),
-    Option("--state-file", "CALICO_GC_STATE_FILE", None, "Keep grace-period state in this JSON "
-           "file instead of the ConfigMap (for runs outside a cluster).", metavar="PATH"),
-    Option("--state-configmap", "CALICO_GC_STATE_CONFIGMAP", "calico-gc-state", "ConfigMap that "
-           "keeps grace-period state.", metavar="NAME"),
-    Option("--report-file", "CALICO_GC_REPORT_FILE", None, "Also write the JSON report here.",
-           metavar="PATH"),
-    Option("--lock", "CALICO_GC_LOCK", "lease", "Serialise runs with a coordination.k8s.io Lease, "
-           "or not at all.", choices=("lease", "none")),
+    Option(
+        "--apply",
+        "CALICO_GC_APPLY",
+        "false",
+        "Delete for real. Without it the run is a dry run that reads everything and reports exactly what it would do.",
+        switch=True,
+    ),
+    Option(
+        "--grace-period",
+        "CALICO_GC_GRACE_PERIOD",
+        "30m",
+        "How long a host must be seen orphaned, continuously, before it is deleted.",
+        metavar="DURATION",
+    ),
+    Option(
+        "--conflict-grace-period",
+        "CALICO_GC_CONFLICT_GRACE_PERIOD",
+        "0s",
+        "Grace period for an orphan that holds the IP of a live node or host (that node is down until it goes).",
+        metavar="DURATION",
+    ),
+    Option(
+        "--max-deletions",
+        "CALICO_GC_MAX_DELETIONS",
+        "20",
+        "Most hosts deleted in one run; the rest are deferred to the next run.",
+        metavar="N",
+    ),
+    Option(
+        "--max-orphan-fraction",
+        "CALICO_GC_MAX_ORPHAN_FRACTION",
+        "0.5",
+        "Refuse the run when more than this fraction of Calico hosts look orphaned.",
+        metavar="FRACTION",
+    ),
+    Option(
+        "--unreferenced",
+        "CALICO_GC_UNREFERENCED",
+        "skip",
+        "Hosts without a k8s orchRef: skip "
+        "them, or treat one as orphaned when its name equals no Kubernetes Node name.",
+        choices=("skip", "match-name"),
+    ),
+    Option(
+        "--exclude",
+        "CALICO_GC_EXCLUDE",
+        None,
+        "Regular expression of host names never to "
+        "touch (full match; repeatable; the variable takes a comma-separated list).",
+        metavar="REGEX",
+        repeatable=True,
+    ),
+    Option(
+        "--state-file",
+        "CALICO_GC_STATE_FILE",
+        None,
+        "Keep grace-period state in this JSON file instead of the ConfigMap (for runs outside a cluster).",
+        metavar="PATH",
+    ),
+    Option(
+        "--state-configmap",
+        "CALICO_GC_STATE_CONFIGMAP",
+        "calico-gc-state",
+        "ConfigMap that keeps grace-period state.",
+        metavar="NAME",
+    ),
+    Option("--report-file", "CALICO_GC_REPORT_FILE", None, "Also write the JSON report here.", metavar="PATH"),
+    Option(
+        "--lock",
+        "CALICO_GC_LOCK",
+        "lease",
+        "Serialise runs with a coordination.k8s.io Lease, or not at all.",
+        choices=("lease", "none"),
+    ),
     Option("--lock-name", "CALICO_GC_LOCK_NAME", "calico-gc", "Name of the Lease.", metavar="NAME"),
-    Option("--lease-duration", "CALICO_GC_LEASE_DURATION", "1h", "How long the Lease holds "
-           "without renewal; keep it above the Job's activeDeadlineSeconds.", metavar="DURATION"),
-    Option("--namespace", "POD_NAMESPACE", "kube-system", "Namespace of the Lease and the state "
-           "ConfigMap.", metavar="NAME"),
-    Option("--kubeconfig", "KUBECONFIG", None, "kubeconfig to use outside a cluster (in a pod the "
-           "in-cluster configuration is used).", metavar="PATH"),
-    Option("--datastore-type", "DATASTORE_TYPE", "etcdv3", "Calico datastore type.",
-           choices=DATASTORE_TYPES + PLANNED_DATASTORE_TYPES),
-    Option("--etcd-endpoints", "ETCD_ENDPOINTS", "http://127.0.0.1:2379", "Comma-separated etcd "
-           "URLs, as in Calico's calico-config.", metavar="URLS"),
-    Option("--etcd-ca-cert-file", "ETCD_CA_CERT_FILE", None, "CA bundle that signed the etcd "
-           "server certificate.", metavar="PATH"),
+    Option(
+        "--lease-duration",
+        "CALICO_GC_LEASE_DURATION",
+        "1h",
+        "How long the Lease holds without renewal; keep it above the Job's activeDeadlineSeconds.",
+        metavar="DURATION",
+    ),
+    Option(
+        "--namespace", "POD_NAMESPACE", "kube-system", "Namespace of the Lease and the state ConfigMap.", metavar="NAME"
+    ),
+    Option(
+        "--kubeconfig",
+        "KUBECONFIG",
+        None,
+        "kubeconfig to use outside a cluster (in a pod the in-cluster configuration is used).",
+        metavar="PATH",
+    ),
+    Option(
+        "--datastore-type",
+        "DATASTORE_TYPE",
+        "etcdv3",
+        "Calico datastore type.",
+        choices=DATASTORE_TYPES + PLANNED_DATASTORE_TYPES,
+    ),
+    Option(
+        "--etcd-endpoints",
+        "ETCD_ENDPOINTS",
+        "http://127.0.0.1:2379",
+        "Comma-separated etcd URLs, as in Calico's calico-config.",
+        metavar="URLS",
+    ),
+    Option(
+        "--etcd-ca-cert-file",
+        "ETCD_CA_CERT_FILE",
+        None,
+        "CA bundle that signed the etcd server certificate.",
+        metavar="PATH",
+    ),
     Option("--etcd-cert-file", "ETCD_CERT_FILE", None, "Client certificate for etcd.", metavar="PATH"),
     Option("--etcd-key-file", "ETCD_KEY_FILE", None, "Client key for etcd.", metavar="PATH"),
-    Option("--etcd-timeout", "CALICO_GC_ETCD_TIMEOUT", "10s", "Timeout of one etcd request.",
-           metavar="DURATION"),
-    Option("--page-size", "CALICO_GC_PAGE_SIZE", "1000", "Keys or objects per paged read.",
-           metavar="N"),
-    Option("--retry-attempts", "CALICO_GC_RETRY_ATTEMPTS", "6", "Attempts for one call that fails "
-           "transiently (etcd unavailable, Kubernetes 429/5xx).", metavar="N"),
-    Option("--retry-timeout", "CALICO_GC_RETRY_TIMEOUT", "60s", "Longest time spent retrying one "
-           "call.", metavar="DURATION"),
-    Option("--log-level", "CALICO_GC_LOG_LEVEL", "info", "Log level of the JSON logs on stderr.",
-           choices=("debug", "info", "warning", "error")),
+    Option("--etcd-timeout", "CALICO_GC_ETCD_TIMEOUT", "10s", "Timeout of one etcd request.", metavar="DURATION"),
+    Option("--page-size", "CALICO_GC_PAGE_SIZE", "1000", "Keys or objects per paged read.", metavar="N"),
+    Option(
+        "--retry-attempts",
+        "CALICO_GC_RETRY_ATTEMPTS",
+        "6",
+        "Attempts for one call that fails transiently (etcd unavailable, Kubernetes 429/5xx).",
+        metavar="N",
+    ),
+    Option(
+        "--retry-timeout", "CALICO_GC_RETRY_TIMEOUT", "60s", "Longest time spent retrying one call.", metavar="DURATION"
+    ),
+    Option(
+        "--log-level",
+        "CALICO_GC_LOG_LEVEL",
+        "info",
+        "Log level of the JSON logs on stderr.",
+        choices=("debug", "info", "warning", "error"),
+    ),
 )
 
 
@@ -265,8 +349,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
 
     datastore_type = text("datastore_type")
     if datastore_type in PLANNED_DATASTORE_TYPES:
-        raise ConfigError(f"datastore type {datastore_type!r} is not supported by this version yet; "
-                          "only etcdv3 is")
+        raise ConfigError(f"datastore type {datastore_type!r} is not supported by this version yet; only etcdv3 is")
     fraction_text = text("max_orphan_fraction")
     try:
         fraction = float(fraction_text)

@@ -236,11 +236,7 @@ class IpamIndex:
         return any(address in network for network in self.malformed_networks)
 
     def malformed_affinity(self, cidrs: Iterable[str]) -> bool:
-        return any(
-            ipaddress.ip_network(cidr) in self.malformed_networks
-            for cidr in cidrs
-            if cidr not in self.blocks
-        )
+        return any(ipaddress.ip_network(cidr) in self.malformed_networks for cidr in cidrs if cidr not in self.blocks)
 
 
 @dataclass(frozen=True)

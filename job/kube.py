@@ -51,7 +51,8 @@ def api_client(config: Config) -> k8s.ApiClient:
             return k8s.ApiClient()
         configuration = k8s.Configuration()
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(config.kubeconfig), client_configuration=configuration)
+            config_file=str(config.kubeconfig), client_configuration=configuration
+        )
         return k8s.ApiClient(configuration)
     except (ConfigException, OSError) as error:
         raise KubeError(f"no usable Kubernetes configuration: {error}") from error
@@ -82,8 +83,9 @@ def _parse_time(text: str | None) -> datetime | None:
 class Kube:
     """The job's Kubernetes calls, each retried on 429/5xx and connection errors."""
 
-    def __init__(self, api: k8s.ApiClient, retry: RetryPolicy, page_size: int = 500,
-                 clock: Callable[[], datetime] = _now) -> None:
+    def __init__(
+        self, api: k8s.ApiClient, retry: RetryPolicy, page_size: int = 500, clock: Callable[[], datetime] = _now
+    ) -> None:
         # Typed as Any: the generated signatures want model objects, but the client sends
         # plain dict bodies as they are, and this module speaks plain JSON throughout.
         self._core: Any = k8s.CoreV1Api(api)
@@ -114,8 +116,9 @@ class Kube:
         raise KubeError(f"listing Nodes kept expiring ({MAX_LIST_RESTARTS} restarts)")
 
     def _node_page(self, token: str | None) -> dict[str, Any]:
-        return _body(self._call(lambda: self._core.list_node(
-            limit=self._page_size, _continue=token, _preload_content=False)))
+        return _body(
+            self._call(lambda: self._core.list_node(limit=self._page_size, _continue=token, _preload_content=False))
+        )
 
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
@@ -131,8 +134,9 @@ class Kube:
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return _body(self._call(lambda: self._core.read_namespaced_config_map(
-                name, namespace, _preload_content=False)))
+            return _body(
+                self._call(lambda: self._core.read_namespaced_config_map(name, namespace, _preload_content=False))
+            )
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -143,11 +147,11 @@ class Kube:
         name = body["metadata"]["name"]
         try:
             if body["metadata"].get("resourceVersion"):
-                self._call(lambda: self._core.replace_namespaced_config_map(
-                    name, namespace, body, _preload_content=False))
+                self._call(
+                    lambda: self._core.replace_namespaced_config_map(name, namespace, body, _preload_content=False)
+                )
             else:
-                self._call(lambda: self._core.create_namespaced_config_map(
-                    namespace, body, _preload_content=False))
+                self._call(lambda: self._core.create_namespaced_config_map(namespace, body, _preload_content=False))
         except ApiException as error:
             if error.status == 409:
                 raise Conflict(f"ConfigMap {namespace}/{name} changed meanwhile") from error
@@ -158,30 +162,46 @@ class Kube:
     def acquire_lease(self, namespace: str, name: str, holder: str, duration: timedelta) -> str | None:
         """Take the Lease if free, expired or ours; return the other holder when it is not."""
         now = self._clock()
-        spec = {"holderIdentity": holder, "leaseDurationSeconds": int(duration.total_seconds()),
-                "acquireTime": _micro_time(now), "renewTime": _micro_time(now)}
+        spec = {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": int(duration.total_seconds()),
+            "acquireTime": _micro_time(now),
+            "renewTime": _micro_time(now),
+        }
         try:
-            current = _body(self._call(lambda: self._coordination.read_namespaced_lease(
-                name, namespace, _preload_content=False)))
+            current = _body(
+                self._call(lambda: self._coordination.read_namespaced_lease(name, namespace, _preload_content=False))
+            )
         except ApiException as error:
             if error.status != 404:
                 raise KubeError(f"reading Lease {namespace}/{name} failed: HTTP {error.status}") from error
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-            return self._write_lease(lambda: self._coordination.create_namespaced_lease(
-                namespace, body, _preload_content=False), "another run")
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            }
+            return self._write_lease(
+                lambda: self._coordination.create_namespaced_lease(namespace, body, _preload_content=False),
+                "another run",
+            )
         held = current.get("spec") or {}
         other = held.get("holderIdentity")
         renewed = _parse_time(held.get("renewTime")) or _parse_time(held.get("acquireTime"))
         expires = renewed + timedelta(seconds=held.get("leaseDurationSeconds") or 0) if renewed else None
         if other and other != holder and expires is not None and expires > now:
             return str(other)
-        current["spec"] = {**held, **spec,
-                           "leaseTransitions": int(held.get("leaseTransitions") or 0) + (other != holder)}
+        current["spec"] = {
+            **held,
+            **spec,
+            "leaseTransitions": int(held.get("leaseTransitions") or 0) + (other != holder),
+        }
         if other and other != holder:
             log.warning("lease_taken_over", previous_holder=other, expired_at=str(expires))
-        return self._write_lease(lambda: self._coordination.replace_namespaced_lease(
-            name, namespace, current, _preload_content=False), str(other or "another run"))
+        return self._write_lease(
+            lambda: self._coordination.replace_namespaced_lease(name, namespace, current, _preload_content=False),
+            str(other or "another run"),
+        )
 
     def _write_lease(self, write: Callable[[], Any], other: str) -> str | None:
         try:
@@ -195,15 +215,17 @@ class Kube:
     def release_lease(self, namespace: str, name: str, holder: str) -> None:
         """Give the Lease up if it is still ours (a 409 or a new holder means it is not)."""
         try:
-            current = _body(self._call(lambda: self._coordination.read_namespaced_lease(
-                name, namespace, _preload_content=False)))
+            current = _body(
+                self._call(lambda: self._coordination.read_namespaced_lease(name, namespace, _preload_content=False))
+            )
             spec = current.get("spec") or {}
             if spec.get("holderIdentity") != holder:
                 return
             spec.pop("holderIdentity", None)
             spec["leaseDurationSeconds"] = 1
-            self._call(lambda: self._coordination.replace_namespaced_lease(
-                name, namespace, current, _preload_content=False))
+            self._call(
+                lambda: self._coordination.replace_namespaced_lease(name, namespace, current, _preload_content=False)
+            )
         except ApiException as error:
             log.warning("lease_release_failed", status=error.status)
 
@@ -225,6 +247,7 @@ class LeaseLock:
 
 def _kube_node(item: dict[str, Any]) -> KubeNode:
     addresses = (item.get("status") or {}).get("addresses") or []
-    internal = tuple(a["address"] for a in addresses
-                     if isinstance(a, dict) and a.get("type") == "InternalIP" and a.get("address"))
+    internal = tuple(
+        a["address"] for a in addresses if isinstance(a, dict) and a.get("type") == "InternalIP" and a.get("address")
+    )
     return KubeNode(str((item.get("metadata") or {}).get("name", "")), internal)

@@ -16,8 +16,7 @@ def configure(level: str = "info") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     structlog.configure(
-        processors=[structlog.stdlib.filter_by_level, *shared,
-                    structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[structlog.stdlib.filter_by_level, *shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
@@ -27,8 +26,7 @@ def configure(level: str = "info") -> None:
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             # Tracebacks without frame locals: locals can hold tokens and certificate paths.
-            structlog.processors.ExceptionRenderer(
-                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+            structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
             structlog.processors.JSONRenderer(),
         ],
     )

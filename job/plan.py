@@ -87,8 +87,9 @@ def find_conflicts(
             nodes_by_ip[ip].add(kube_node.name)
     hosts_by_ip: dict[str, list[CalicoHost]] = defaultdict(list)
     for host in hosts:
-        for ip in {host.ipv4, host.ipv6} - {None}:
-            hosts_by_ip[ip].append(host)  # type: ignore[index]
+        for address in (host.ipv4, host.ipv6):
+            if address is not None:
+                hosts_by_ip[address].append(host)
     found: dict[tuple[str, str | None, str], IpConflict] = {}
     for ip, holders in sorted(hosts_by_ip.items()):
         orphans = [h for h in holders if h.name in orphan_names]
@@ -98,8 +99,9 @@ def find_conflicts(
             for other in holders:
                 if other is not orphan:
                     blocked = other.k8s_node or other.name
-                    found.setdefault((ip, orphan.name, blocked),
-                                     IpConflict(ip, orphan.name, blocked, "orphan_shares_host_ip"))
+                    found.setdefault(
+                        (ip, orphan.name, blocked), IpConflict(ip, orphan.name, blocked, "orphan_shares_host_ip")
+                    )
         if len(holders) > 1 and not orphans:
             names = ", ".join(sorted(h.name for h in holders))
             found[(ip, None, names)] = IpConflict(ip, None, names, "live_hosts_share_ip")
@@ -112,32 +114,46 @@ def check_guards(
     """Reasons to refuse the whole run; empty when it may go ahead."""
     guards = []
     if inventory.cluster.datastore_ready is False:
-        guards.append(GuardFinding("datastore_locked", "ClusterInformation says datastoreReady: false "
-                                   "(the Calico datastore is locked, e.g. by a migration)"))
+        guards.append(
+            GuardFinding(
+                "datastore_locked",
+                "ClusterInformation says datastoreReady: false (the Calico datastore is locked, e.g. by a migration)",
+            )
+        )
     if not kube_nodes:
-        guards.append(GuardFinding("empty_k8s_node_list", "the Kubernetes API returned no Nodes; "
-                                   "refusing to treat every Calico host as orphaned"))
+        guards.append(
+            GuardFinding(
+                "empty_k8s_node_list",
+                "the Kubernetes API returned no Nodes; refusing to treat every Calico host as orphaned",
+            )
+        )
         return tuple(guards)
     referenced = {h.k8s_node or h.name for h in inventory.hosts} | {h.name for h in inventory.hosts}
     covered = sum(1 for node in kube_nodes if node.name in referenced)
     if covered * 2 < len(kube_nodes):
-        guards.append(GuardFinding(
-            "foreign_datastore",
-            f"only {covered} of {len(kube_nodes)} Kubernetes Nodes have a Calico host; this "
-            "datastore looks like it belongs to another cluster"))
+        guards.append(
+            GuardFinding(
+                "foreign_datastore",
+                f"only {covered} of {len(kube_nodes)} Kubernetes Nodes have a Calico host; this "
+                "datastore looks like it belongs to another cluster",
+            )
+        )
     hosts = len(inventory.hosts)
     if hosts and orphan_count > config.max_orphan_fraction * hosts:
-        guards.append(GuardFinding(
-            "orphan_fraction",
-            f"{orphan_count} of {hosts} Calico hosts look orphaned, more than "
-            f"--max-orphan-fraction={config.max_orphan_fraction:g}; check the Kubernetes API answer, "
-            "then raise --max-orphan-fraction to go ahead"))
+        guards.append(
+            GuardFinding(
+                "orphan_fraction",
+                f"{orphan_count} of {hosts} Calico hosts look orphaned, more than "
+                f"--max-orphan-fraction={config.max_orphan_fraction:g}; check the Kubernetes API answer, "
+                "then raise --max-orphan-fraction to go ahead",
+            )
+        )
     return tuple(guards)
 
 
 def _batched(purpose: str, writes: Sequence[Write]) -> list[Step]:
     return [
-        Step(f"{purpose} ({len(writes[i:i + MAX_TXN_WRITES])} keys)", tuple(writes[i:i + MAX_TXN_WRITES]))
+        Step(f"{purpose} ({len(writes[i : i + MAX_TXN_WRITES])} keys)", tuple(writes[i : i + MAX_TXN_WRITES]))
         for i in range(0, len(writes), MAX_TXN_WRITES)
     ]
 
@@ -167,8 +183,7 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
 
 
 def build_index(inventory: Inventory) -> IpamIndex:
-    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks,
-                           inventory.malformed_handles)
+    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks, inventory.malformed_handles)
 
 
 def plan_run(
@@ -210,12 +225,12 @@ def plan_run(
     for orphan, since, is_conflict in eligible:
         steps, problem = host_steps(orphan.host, index)
         if problem is not None:
-            decisions.append(HostDecision(orphan.host, Action.SKIPPED, MALFORMED_DATA, since,
-                                          is_conflict, error=problem))
+            decisions.append(
+                HostDecision(orphan.host, Action.SKIPPED, MALFORMED_DATA, since, is_conflict, error=problem)
+            )
         elif taken < config.max_deletions:
             taken += 1
-            decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since,
-                                          is_conflict, steps))
+            decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
         else:
             decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
     decisions.sort(key=lambda d: d.host.name)
@@ -234,7 +249,7 @@ def replan_host(inventory: Inventory, previous: HostDecision) -> HostDecision | 
         return HostDecision(host, Action.SKIPPED, FELIX_ALIVE, previous.orphaned_since, previous.conflict)
     steps, problem = host_steps(host, build_index(inventory))
     if problem is not None:
-        return HostDecision(host, Action.SKIPPED, MALFORMED_DATA, previous.orphaned_since,
-                            previous.conflict, error=problem)
-    return HostDecision(host, previous.action, previous.reason, previous.orphaned_since,
-                        previous.conflict, steps)
+        return HostDecision(
+            host, Action.SKIPPED, MALFORMED_DATA, previous.orphaned_since, previous.conflict, error=problem
+        )
+    return HostDecision(host, previous.action, previous.reason, previous.orphaned_since, previous.conflict, steps)

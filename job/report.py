@@ -50,20 +50,32 @@ class RunRecord:
 
 def _changes(decision: HostDecision) -> list[dict[str, Any]]:
     return [
-        {"key": w.key, "op": "delete" if w.value is None else "update", "revision": w.revision,
-         "before": w.before, **({"after": w.value} if w.value is not None else {})}
-        for step in decision.steps for w in step.writes
+        {
+            "key": w.key,
+            "op": "delete" if w.value is None else "update",
+            "revision": w.revision,
+            "before": w.before,
+            **({"after": w.value} if w.value is not None else {}),
+        }
+        for step in decision.steps
+        for w in step.writes
     ]
 
 
 def _host(decision: HostDecision) -> dict[str, Any]:
     host = decision.host
     entry: dict[str, Any] = {
-        "name": host.name, "k8s_node": host.k8s_node, "ipv4": host.ipv4, "ipv6": host.ipv6,
-        "action": str(decision.action), "reason": decision.reason,
-        "orphaned_since": timestamp(decision.orphaned_since), "conflict": decision.conflict,
-        "changes": _changes(decision) if decision.action in (
-            Action.DELETED, Action.WOULD_DELETE, Action.FAILED) else [],
+        "name": host.name,
+        "k8s_node": host.k8s_node,
+        "ipv4": host.ipv4,
+        "ipv6": host.ipv6,
+        "action": str(decision.action),
+        "reason": decision.reason,
+        "orphaned_since": timestamp(decision.orphaned_since),
+        "conflict": decision.conflict,
+        "changes": _changes(decision)
+        if decision.action in (Action.DELETED, Action.WOULD_DELETE, Action.FAILED)
+        else [],
     }
     if decision.error:
         entry["error"] = decision.error
@@ -104,8 +116,9 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
         },
         "summary": summary,
         "guards": [{"name": g.name, "message": g.message} for g in plan.guards] if plan else [],
-        "conflicts": [{"ip": c.ip, "orphan": c.orphan, "blocks": c.blocks, "kind": c.kind}
-                      for c in plan.conflicts] if plan else [],
+        "conflicts": [{"ip": c.ip, "orphan": c.orphan, "blocks": c.blocks, "kind": c.kind} for c in plan.conflicts]
+        if plan
+        else [],
         "errors": record.errors,
         "hosts": [_host(d) for d in record.decisions],
     }

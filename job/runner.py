@@ -58,8 +58,7 @@ class Dependencies:
 
 def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     """Do one run; return its report and exit code. Never raises for expected failures."""
-    record = RunRecord(deps.run_id, deps.clock(), config,
-                       datastore={**deps.datastore.describe(), "cluster_guid": None})
+    record = RunRecord(deps.run_id, deps.clock(), config, datastore={**deps.datastore.describe(), "cluster_guid": None})
     record.lock = {"mode": config.lock, "acquired": False, "holder": None}
     structlog.contextvars.bind_contextvars(run_id=deps.run_id)
     log.info("run_started", mode="apply" if config.apply else "dry-run", datastore=config.datastore_type)
@@ -108,8 +107,11 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     kube_nodes = deps.nodes.list_nodes()
     record.k8s_node_count = len(kube_nodes)
     inventory = deps.datastore.read()
-    record.datastore.update(cluster_guid=inventory.cluster.guid,
-                            datastore_ready=inventory.cluster.datastore_ready, revision=inventory.revision)
+    record.datastore.update(
+        cluster_guid=inventory.cluster.guid,
+        datastore_ready=inventory.cluster.datastore_ready,
+        revision=inventory.revision,
+    )
     record.problems(inventory.problems)
     try:
         grace_state = deps.state.load()
@@ -119,8 +121,13 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     plan = plan_run(inventory, kube_nodes, grace_state, deps.clock(), config)
     record.plan, record.decisions = plan, plan.decisions
     for decision in plan.decisions:
-        log.info("decision", host=decision.host.name, action=str(decision.action), reason=decision.reason,
-                 conflict=decision.conflict)
+        log.info(
+            "decision",
+            host=decision.host.name,
+            action=str(decision.action),
+            reason=decision.reason,
+            conflict=decision.conflict,
+        )
     if plan.refused:
         for guard in plan.guards:
             log.error("refused", guard=guard.name, message=guard.message)

@@ -37,8 +37,7 @@ def decode(text: str, source: str) -> dict[str, datetime]:
     """Parse stored state; anything unreadable is dropped with a warning, never fatal."""
     try:
         orphans = json.loads(text).get("orphans", {})
-        return {str(name): datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-                for name, since in orphans.items()}
+        return {str(name): datetime.fromisoformat(str(since).replace("Z", "+00:00")) for name, since in orphans.items()}
     except (ValueError, AttributeError, TypeError) as error:
         log.warning("grace_state_unreadable", source=source, error=str(error))
         return {}
@@ -80,12 +79,14 @@ class ConfigMapStateStore:
     def save(self, state: GraceState) -> None:
         """On a 409, re-read and keep the earliest sighting of each name we still track."""
         for _ in range(MAX_WRITE_ATTEMPTS):
-            metadata: dict[str, object] = {"name": self.name, "namespace": self.namespace,
-                                           "labels": {"app.kubernetes.io/name": "calico-gc"}}
+            metadata: dict[str, object] = {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/name": "calico-gc"},
+            }
             if self._read is not None:
                 metadata["resourceVersion"] = self._read["metadata"]["resourceVersion"]  # type: ignore[index]
-            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-                    "data": {STATE_KEY: encode(state)}}
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {STATE_KEY: encode(state)}}
             try:
                 self.kube.write_config_map(self.namespace, body)
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ class Harness:
     kubeapi: KubeApiServer
     tmp: Path
     now: datetime = NOW
-    retry: RetryPolicy = no_sleep_retry()
+    retry: RetryPolicy = field(default_factory=no_sleep_retry)
 
     def seed(self, scenario: Scenario) -> None:
         calico.load(self.etcd.url, scenario.seed.keys)
@@ -89,16 +89,25 @@ class Harness:
         base = Config(
             etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", self.etcd.client_port),),
             kubeconfig=self.kubeapi.write_kubeconfig(self.tmp / "kubeconfig"),
-            state_file=self.tmp / "state.json", lock="none", namespace="calico-gc",
-            grace_period=timedelta(0), page_size=3,
+            state_file=self.tmp / "state.json",
+            lock="none",
+            namespace="calico-gc",
+            grace_period=timedelta(0),
+            page_size=3,
         )
         return replace(base, **overrides)
 
     def dependencies(self, config: Config, state: StateStore | None = None, lock: bool = False) -> Dependencies:
         kube = Kube(api_client(config), self.retry, page_size=2, clock=lambda: self.now)
         lease = LeaseLock(kube, config.namespace, "calico-gc", "test-run", config.lease_duration) if lock else None
-        return Dependencies(kube, EtcdV3Datastore(config, self.retry), state or FileStateStore(
-            config.state_file or self.tmp / "state.json"), lease, lambda: self.now, "test-run")
+        return Dependencies(
+            kube,
+            EtcdV3Datastore(config, self.retry),
+            state or FileStateStore(config.state_file or self.tmp / "state.json"),
+            lease,
+            lambda: self.now,
+            "test-run",
+        )
 
     def run(self, config: Config | None = None, **kwargs: Any) -> tuple[dict[str, Any], int]:
         config = config or self.config()
@@ -121,4 +130,3 @@ def harness(etcd: EtcdServer, kubeapi: KubeApiServer, tmp_path: Path) -> Harness
 
 def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {h["name"]: h for h in report["hosts"]}
-

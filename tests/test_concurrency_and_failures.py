@@ -26,9 +26,12 @@ CONFIGMAPS = "/api/v1/namespaces/calico-gc/configmaps"
 
 
 def lease(holder: str, renewed: str, seconds: int = 3600) -> dict[str, object]:
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "calico-gc", "namespace": "calico-gc"},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": renewed}}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "calico-gc", "namespace": "calico-gc"},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": seconds, "renewTime": renewed},
+    }
 
 
 def test_lock_held_by_another_run_exits_0_and_touches_nothing(harness: Harness) -> None:
@@ -105,7 +108,9 @@ def test_conflict_on_the_state_configmap_rereads_and_keeps_the_earliest_sighting
     stored = harness.kubeapi.get(CONFIGMAPS, "calico-gc-state")
     assert stored is not None
     assert json.loads(stored["data"]["state.json"])["orphans"] == {
-        s.CONFLICT_ORPHAN: "2026-11-30T12:00:00Z", s.POD_ORPHAN: "2026-11-30T09:00:00Z"}
+        s.CONFLICT_ORPHAN: "2026-11-30T12:00:00Z",
+        s.POD_ORPHAN: "2026-11-30T09:00:00Z",
+    }
     assert harness.kubeapi.count("PUT", f"^{CONFIGMAPS}/calico-gc-state$") == 2
 
 
@@ -119,7 +124,8 @@ def test_node_recreated_between_plan_and_delete_spares_the_host(harness: Harness
     assert (hosts[s.POD_ORPHAN]["action"], hosts[s.POD_ORPHAN]["reason"]) == ("skipped", "k8s_node_recreated")
     assert hosts[s.CONFLICT_ORPHAN]["action"] == "deleted"
     assert {k: v for k, v in harness.dump().items() if s.POD_ORPHAN in k} == {
-        k: v for k, v in before.items() if s.POD_ORPHAN in k}
+        k: v for k, v in before.items() if s.POD_ORPHAN in k
+    }
 
 
 def test_recheck_that_keeps_failing_marks_the_host_failed_exit_4(harness: Harness) -> None:
@@ -188,7 +194,8 @@ def test_etcd_down_for_good_fails_the_host_exit_4_and_leaves_no_half_edited_bloc
         if "/assignment/" in key:
             assert block_shape_problem(json.loads(value)) is None
     assert {k: v for k, v in after.items() if s.POD_ORPHAN in k} == {
-        k: v for k, v in before.items() if s.POD_ORPHAN in k}, "nothing of the failed host was written"
+        k: v for k, v in before.items() if s.POD_ORPHAN in k
+    }, "nothing of the failed host was written"
 
 
 def test_tls_with_client_certificates(harness: Harness, tmp_path: Path) -> None:
@@ -202,8 +209,13 @@ def test_tls_with_client_certificates(harness: Harness, tmp_path: Path) -> None:
         calico.load(server.url, scenario.seed.keys, session)
         for name, ip in scenario.k8s_nodes:
             harness.kubeapi.add_node(name, ip)
-        config = replace(harness.config(apply=True), etcd_endpoints=(EtcdEndpoint("https", "127.0.0.1", server.client_port),),
-                         etcd_ca_cert_file=tls.ca, etcd_cert_file=tls.client_cert, etcd_key_file=tls.client_key)
+        config = replace(
+            harness.config(apply=True),
+            etcd_endpoints=(EtcdEndpoint("https", "127.0.0.1", server.client_port),),
+            etcd_ca_cert_file=tls.ca,
+            etcd_cert_file=tls.client_cert,
+            etcd_key_file=tls.client_key,
+        )
         report, code = harness.run(config)
         assert code == 0 and report["summary"]["deleted"] == 2
         assert not [k for k in calico.dump(server.url, session) if s.POD_ORPHAN in k]

@@ -12,8 +12,14 @@ from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
 from tests.support import scenario as s
 
-ORPHAN_MARKERS = (s.CONFLICT_ORPHAN, s.POD_ORPHAN, "tor-ip-10-0-1-20", "ip-10-0-1-20-eth0", "ip--10--0--1--20",
-                  "block/100.96.13.0-26")
+ORPHAN_MARKERS = (
+    s.CONFLICT_ORPHAN,
+    s.POD_ORPHAN,
+    "tor-ip-10-0-1-20",
+    "ip-10-0-1-20-eth0",
+    "ip--10--0--1--20",
+    "block/100.96.13.0-26",
+)
 
 
 def test_dry_run_reports_the_plan_and_changes_nothing(harness: Harness) -> None:
@@ -26,8 +32,9 @@ def test_dry_run_reports_the_plan_and_changes_nothing(harness: Harness) -> None:
     assert hosts[s.CONFLICT_ORPHAN]["action"] == "would_delete"
     assert hosts[s.POD_ORPHAN]["action"] == "would_delete"
     assert hosts[s.UNREFERENCED]["reason"] == "no_k8s_orchref"
-    assert report["conflicts"] == [{"ip": "10.0.1.13", "orphan": s.CONFLICT_ORPHAN, "blocks": s.NEW_NODE,
-                                    "kind": "orphan_holds_live_node_ip"}]
+    assert report["conflicts"] == [
+        {"ip": "10.0.1.13", "orphan": s.CONFLICT_ORPHAN, "blocks": s.NEW_NODE, "kind": "orphan_holds_live_node_ip"}
+    ]
     assert report["mode"] == "dry-run" and report["summary"]["would_delete"] == 2
 
 
@@ -53,12 +60,16 @@ def test_apply_removes_exactly_the_orphans_data_and_leaves_every_other_key_ident
     reported = {c["key"]: c for h in report["hosts"] for c in h["changes"]}
     assert removed | changed == set(reported)
     assert {k for k, c in reported.items() if c["op"] == "update"} == changed
-    assert all(any(m in key for m in ORPHAN_MARKERS) for key in removed - {
-        k for k in removed if k.startswith("/calico/ipam/v2/handle/k8s-pod-network.")})
+    assert all(
+        any(m in key for m in ORPHAN_MARKERS)
+        for key in removed - {k for k in removed if k.startswith("/calico/ipam/v2/handle/k8s-pod-network.")}
+    )
     # Only IPAM blocks change in place: the orphan's own block (lending an IP) and a live
     # node's block (which lent one to the orphan).
-    assert changed == {"/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26",
-                       "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"}
+    assert changed == {
+        "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26",
+        "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26",
+    }
     lending = json.loads(after["/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"][0])
     assert lending["affinity"] is None
     assert [a["secondary"]["pod"] for a in lending["attributes"]] == ["api-1"]
@@ -85,8 +96,7 @@ def test_match_name_cleans_the_backlog_without_orchrefs(harness: Harness) -> Non
 
 def test_grace_period_spans_runs(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
-    config = harness.config(apply=True, grace_period=timedelta(minutes=30),
-                            conflict_grace_period=timedelta(minutes=30))
+    config = harness.config(apply=True, grace_period=timedelta(minutes=30), conflict_grace_period=timedelta(minutes=30))
     first, _ = harness.run(config)
     assert {h["action"] for h in first["hosts"] if h["reason"] != "no_k8s_orchref"} == {"waiting_grace"}
     before = harness.dump()
@@ -205,7 +215,8 @@ def test_orphan_whose_block_is_malformed_is_skipped_untouched(harness: Harness) 
     entry = hosts_by_name(report)[s.POD_ORPHAN]
     assert (entry["action"], entry["reason"]) == ("skipped", "malformed_data")
     assert {k: v for k, v in harness.dump().items() if s.POD_ORPHAN in k} == {
-        k: v for k, v in before.items() if s.POD_ORPHAN in k}
+        k: v for k, v in before.items() if s.POD_ORPHAN in k
+    }
 
 
 def test_unreachable_etcd_is_a_clear_error(harness: Harness) -> None:

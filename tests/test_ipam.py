@@ -22,10 +22,15 @@ def block_with(owners: dict[int, tuple[str, str]], size: int = 8, **extra: Any) 
             attributes.append(attribute)
         allocations[ordinal] = attributes.index(attribute)
     return {
-        "cidr": "10.1.0.0/29", "affinity": "host:a", "allocations": allocations,
-        "unallocated": [o for o in range(size) if o not in owners], "attributes": attributes,
-        "sequenceNumber": 50, "sequenceNumberForAllocation": {str(o): 40 + o for o in owners},
-        "deleted": False, **extra,
+        "cidr": "10.1.0.0/29",
+        "affinity": "host:a",
+        "allocations": allocations,
+        "unallocated": [o for o in range(size) if o not in owners],
+        "attributes": attributes,
+        "sequenceNumber": 50,
+        "sequenceNumberForAllocation": {str(o): 40 + o for o in owners},
+        "deleted": False,
+        **extra,
     }
 
 
@@ -47,7 +52,9 @@ def test_release_compacts_attributes_and_renumbers_every_allocation() -> None:
     assert new["allocations"][:4] == [None, 0, None, 1]
     for ordinal, index in enumerate(new["allocations"]):
         if index is not None:
-            assert new["attributes"][index]["handle_id"] == block["attributes"][block["allocations"][ordinal]]["handle_id"]
+            assert (
+                new["attributes"][index]["handle_id"] == block["attributes"][block["allocations"][ordinal]]["handle_id"]
+            )
 
 
 def test_an_attribute_shared_by_ips_stays_until_all_of_them_are_released() -> None:
@@ -92,8 +99,10 @@ def test_without_affinity_clears_the_claim_and_bumps_the_sequence() -> None:
 
 def test_handles_are_decremented_and_deleted_when_empty() -> None:
     handle = {"block": {"10.1.0.0/29": 2, "10.2.0.0/29": 1}, "deleted": False}
-    assert decrement_handle(handle, {"10.1.0.0/29": 1}) == {"block": {"10.1.0.0/29": 1, "10.2.0.0/29": 1},
-                                                           "deleted": False}
+    assert decrement_handle(handle, {"10.1.0.0/29": 1}) == {
+        "block": {"10.1.0.0/29": 1, "10.2.0.0/29": 1},
+        "deleted": False,
+    }
     assert decrement_handle(handle, {"10.1.0.0/29": 2, "10.2.0.0/29": 1}) is None
     assert decrement_handle({"block": {"10.1.0.0/29": 1}}, {"10.1.0.0/29": 3}) is None  # counts left too low
 
@@ -166,8 +175,13 @@ def test_stale_endpoint_ip_now_owned_by_a_live_pod_is_not_released() -> None:
     seed.node("gone")
     seed.node("live")
     seed.pod("live", "ns", "new-owner", "10.9.0.8")
-    seed.resource("workloadendpoints", "gone-k8s-old-eth0", "WorkloadEndpoint",
-                  {"node": "gone", "ipNetworks": ["10.9.0.8/32"]}, namespace="ns")
+    seed.resource(
+        "workloadendpoints",
+        "gone-k8s-old-eth0",
+        "WorkloadEndpoint",
+        {"node": "gone", "ipNetworks": ["10.9.0.8/32"]},
+        namespace="ns",
+    )
     keys = [key for key, _ in _plan(seed, "gone")]
     assert "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26" not in keys
     assert "/calico/resources/v3/projectcalico.org/workloadendpoints/ns/gone-k8s-old-eth0" in keys
@@ -182,4 +196,6 @@ def test_handles_of_released_ips_are_deleted_or_decremented() -> None:
     seed.allocate("10.9.0.3", "shared-handle", "live")
     writes = dict(_plan(seed, "gone"))
     assert json.loads(writes["/calico/ipam/v2/handle/shared-handle"] or "null") == {
-        "block": {"10.9.0.0/26": 1}, "deleted": False}
+        "block": {"10.9.0.0/26": 1},
+        "deleted": False,
+    }

@@ -30,8 +30,12 @@ def inventory(*hosts: CalicoHost, ready: bool | None = True) -> Inventory:
     return Inventory(hosts=hosts, cluster=ClusterInfo("guid", ready))
 
 
-def decisions(plan_hosts: Inventory, k8s: tuple[KubeNode, ...], config: Config = NO_GRACE,
-              state: dict[str, datetime] | None = None) -> dict[str, tuple[str, str]]:
+def decisions(
+    plan_hosts: Inventory,
+    k8s: tuple[KubeNode, ...],
+    config: Config = NO_GRACE,
+    state: dict[str, datetime] | None = None,
+) -> dict[str, tuple[str, str]]:
     plan = plan_run(plan_hosts, k8s, state or {}, NOW, config)
     return {d.host.name: (str(d.action), d.reason) for d in plan.decisions}
 
@@ -101,7 +105,8 @@ def test_orphan_holding_a_new_nodes_ip_is_a_conflict_with_its_own_grace() -> Non
     assert by_name["old-node"].action is Action.WOULD_DELETE and by_name["old-node"].conflict
     assert by_name["other-orphan"].action is Action.WAITING_GRACE
     assert [(c.ip, c.orphan, c.blocks, c.kind) for c in plan.conflicts] == [
-        ("10.0.0.9", "old-node", "new-node", "orphan_holds_live_node_ip")]
+        ("10.0.0.9", "old-node", "new-node", "orphan_holds_live_node_ip")
+    ]
 
 
 def test_conflicts_are_deleted_before_older_orphans_when_capped() -> None:
@@ -143,14 +148,16 @@ def test_guards_refuse_the_run_but_keep_the_full_plan(hosts: Inventory, k8s: tup
 
 
 def test_orphan_fraction_message_names_the_flag_to_raise() -> None:
-    plan = plan_run(inventory(*LIVE[:1], host("g1"), host("g2")), K8S[:1], {}, NOW,
-                    replace(NO_GRACE, max_orphan_fraction=0.5))
+    plan = plan_run(
+        inventory(*LIVE[:1], host("g1"), host("g2")), K8S[:1], {}, NOW, replace(NO_GRACE, max_orphan_fraction=0.5)
+    )
     assert "--max-orphan-fraction" in plan.guards[0].message
 
 
 def test_orphan_fraction_at_the_limit_is_allowed() -> None:
-    plan = plan_run(inventory(*LIVE[:2], host("g1"), host("g2")), K8S[:2], {}, NOW,
-                    replace(NO_GRACE, max_orphan_fraction=0.5))
+    plan = plan_run(
+        inventory(*LIVE[:2], host("g1"), host("g2")), K8S[:2], {}, NOW, replace(NO_GRACE, max_orphan_fraction=0.5)
+    )
     assert not plan.refused
 
 
@@ -173,13 +180,22 @@ def worlds(draw: st.DrawFn) -> tuple[Inventory, tuple[KubeNode, ...], dict[str, 
     hosts = []
     for name in calico_names:
         ref = draw(st.one_of(st.none(), st.just(""), names))
-        hosts.append(host(name, k8s=ref, ipv4=draw(st.sampled_from([None, "10.0.0.1", "10.0.0.2"])),
-                          felix_alive=draw(st.booleans())))
+        hosts.append(
+            host(
+                name,
+                k8s=ref,
+                ipv4=draw(st.sampled_from([None, "10.0.0.1", "10.0.0.2"])),
+                felix_alive=draw(st.booleans()),
+            )
+        )
     state = {n: NOW - timedelta(minutes=draw(st.integers(0, 120))) for n in draw(st.lists(names, max_size=6))}
-    config = Config(grace_period=timedelta(minutes=draw(st.integers(0, 90))),
-                    conflict_grace_period=timedelta(minutes=draw(st.integers(0, 90))),
-                    max_deletions=draw(st.integers(0, 5)), max_orphan_fraction=1.0,
-                    unreferenced=draw(st.sampled_from(["skip", "match-name"])))
+    config = Config(
+        grace_period=timedelta(minutes=draw(st.integers(0, 90))),
+        conflict_grace_period=timedelta(minutes=draw(st.integers(0, 90))),
+        max_deletions=draw(st.integers(0, 5)),
+        max_orphan_fraction=1.0,
+        unreferenced=draw(st.sampled_from(["skip", "match-name"])),
+    )
     k8s = tuple(KubeNode(n, (draw(st.sampled_from(["10.0.0.1", "10.0.0.3"])),)) for n in k8s_names)
     return inventory(*hosts), k8s, state, config
 
@@ -218,8 +234,13 @@ def test_no_host_is_deleted_before_its_grace_period(
 def test_planning_is_deterministic(world: tuple[Inventory, tuple[KubeNode, ...], dict[str, datetime], Config]) -> None:
     hosts, k8s, state, config = world
     first = plan_run(hosts, k8s, state, NOW, config)
-    again = plan_run(Inventory(hosts=tuple(reversed(hosts.hosts)), cluster=hosts.cluster),
-                     tuple(reversed(k8s)), dict(reversed(list(state.items()))), NOW, config)
+    again = plan_run(
+        Inventory(hosts=tuple(reversed(hosts.hosts)), cluster=hosts.cluster),
+        tuple(reversed(k8s)),
+        dict(reversed(list(state.items()))),
+        NOW,
+        config,
+    )
     assert first.decisions == again.decisions
     assert first.conflicts == again.conflicts
     assert first.next_grace_state == again.next_grace_state

@@ -59,8 +59,18 @@ FELIX_STATUS = "/calico/felix/v2/"
 
 # Everything one run reads, each as a paged range; never one range over /calico/.
 PREFIXES = (
-    NODES, WORKLOAD_ENDPOINTS, NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS, BGP_PEERS, HOST_ENDPOINTS,
-    NODE_STATUSES, CLUSTER_INFORMATION, BLOCKS, AFFINITIES, HANDLES, FELIX_STATUS,
+    NODES,
+    WORKLOAD_ENDPOINTS,
+    NODE_FELIX_CONFIGS,
+    NODE_BGP_CONFIGS,
+    BGP_PEERS,
+    HOST_ENDPOINTS,
+    NODE_STATUSES,
+    CLUSTER_INFORMATION,
+    BLOCKS,
+    AFFINITIES,
+    HANDLES,
+    FELIX_STATUS,
 )
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
@@ -143,13 +153,13 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
     """File one key under the host it belongs to (section 1 of the data-model notes)."""
     key = item.key
     if key.startswith(NODES):
-        name = key[len(NODES):]
+        name = key[len(NODES) :]
         if not name or "/" in name:
             collected.problem("unknown_key", key, "not a Calico Node key")
         else:
             collected.nodes[name] = item
     elif key.startswith(WORKLOAD_ENDPOINTS):
-        if key[len(WORKLOAD_ENDPOINTS):].count("/") != 1:
+        if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
             collected.problem("unknown_key", key, "not a workload endpoint key")
             return
         spec = _dig(collected.json(item), "spec")
@@ -163,7 +173,7 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
         collected.endpoints[node].append(WorkloadEndpoint(item, node, ips))
     elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
         prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
-        collected.owned[key[len(prefix):]].append(item)
+        collected.owned[key[len(prefix) :]].append(item)
     elif key.startswith((BGP_PEERS, HOST_ENDPOINTS, NODE_STATUSES)):
         value = collected.json(item)
         node = _dig(value, "spec", "node")
@@ -173,14 +183,15 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
         spec = _dig(collected.json(item), "spec")
         ready = _dig(spec, "datastoreReady")
         guid = _dig(spec, "clusterGUID")
-        collected.cluster = ClusterInfo(guid if isinstance(guid, str) else None,
-                                        ready if isinstance(ready, bool) else None)
+        collected.cluster = ClusterInfo(
+            guid if isinstance(guid, str) else None, ready if isinstance(ready, bool) else None
+        )
     elif key.startswith(BLOCKS):
         _collect_block(collected, item)
     elif key.startswith(AFFINITIES):
         _collect_affinity(collected, item)
     elif key.startswith(HANDLES):
-        handle_id = key[len(HANDLES):]
+        handle_id = key[len(HANDLES) :]
         value = collected.json(item)
         if value is None:
             collected.malformed_handles.add(handle_id)
@@ -190,7 +201,7 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
         else:
             collected.handles[handle_id] = IpamHandle(item, handle_id, value)
     elif key.startswith(FELIX_STATUS):
-        parts = key[len(FELIX_STATUS):].split("/", 3)
+        parts = key[len(FELIX_STATUS) :].split("/", 3)
         if len(parts) < 4 or parts[1] != "host" or not parts[2]:
             collected.problem("unknown_key", key, "not a Felix status key")
             return
@@ -201,7 +212,7 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
 
 
 def _collect_block(collected: _Collected, item: StoredItem) -> None:
-    parts = item.key[len(BLOCKS):].split("/")
+    parts = item.key[len(BLOCKS) :].split("/")
     cidr = _cidr_from_key(parts[2]) if len(parts) == 3 and parts[1] == "block" else None
     if cidr is None:
         collected.problem("unknown_key", item.key, "not an IPAM block key")
@@ -221,7 +232,7 @@ def _collect_block(collected: _Collected, item: StoredItem) -> None:
 
 
 def _collect_affinity(collected: _Collected, item: StoredItem) -> None:
-    parts = item.key[len(AFFINITIES):].split("/")
+    parts = item.key[len(AFFINITIES) :].split("/")
     if len(parts) == 1 and parts[0]:
         collected.owned[parts[0]].append(item)  # the IPAM host key itself
         return
@@ -273,8 +284,9 @@ def build_inventory(items: Iterator[StoredItem], revision: int) -> Inventory:
     hosts = tuple(_host(name, node, collected) for name, node in sorted(collected.nodes.items()))
     dangling = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
     for name in sorted(dangling):
-        collected.problem("no_calico_node", name, "data stored for a host that has no Calico Node; "
-                          "reported, not touched")
+        collected.problem(
+            "no_calico_node", name, "data stored for a host that has no Calico Node; reported, not touched"
+        )
     return Inventory(
         hosts=hosts,
         blocks=tuple(collected.blocks),
@@ -301,8 +313,13 @@ def _client(endpoint: EtcdEndpoint, config: Config) -> Etcd3Client:
         session.verify = str(config.etcd_ca_cert_file)
     if config.etcd_cert_file and config.etcd_key_file:
         session.cert = (str(config.etcd_cert_file), str(config.etcd_key_file))
-    return Etcd3Client(host=endpoint.host, port=endpoint.port, protocol=endpoint.scheme,
-                       timeout=config.etcd_timeout.total_seconds(), session=session)
+    return Etcd3Client(
+        host=endpoint.host,
+        port=endpoint.port,
+        protocol=endpoint.scheme,
+        timeout=config.etcd_timeout.total_seconds(),
+        session=session,
+    )
 
 
 class EtcdV3Datastore:
@@ -310,8 +327,12 @@ class EtcdV3Datastore:
 
     type = "etcdv3"
 
-    def __init__(self, config: Config, retry: RetryPolicy,
-                 client_factory: Callable[[EtcdEndpoint, Config], Etcd3Client] = _client) -> None:
+    def __init__(
+        self,
+        config: Config,
+        retry: RetryPolicy,
+        client_factory: Callable[[EtcdEndpoint, Config], Etcd3Client] = _client,
+    ) -> None:
         self._endpoints = config.etcd_endpoints
         self._clients = [client_factory(endpoint, config) for endpoint in self._endpoints]
         self._current = 0
@@ -361,25 +382,30 @@ class EtcdV3Datastore:
             for kvs, page_revision in self.scan(prefix, revision):
                 revision = page_revision
                 items.extend(
-                    StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
-                    for kv in kvs
+                    StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", ""))) for kv in kvs
                 )
         return items, revision or 0
 
     def read(self) -> Inventory:
         items, revision = self._items(PREFIXES)
         inventory = build_inventory(iter(items), revision)
-        log.info("datastore_read", keys=len(items), hosts=len(inventory.hosts),
-                 blocks=len(inventory.blocks), problems=len(inventory.problems), revision=revision)
+        log.info(
+            "datastore_read",
+            keys=len(items),
+            hosts=len(inventory.hosts),
+            blocks=len(inventory.blocks),
+            problems=len(inventory.problems),
+            revision=revision,
+        )
         return inventory
 
     def commit(self, step: Step) -> bool:
         compare = [
-            {"key": _b64(w.key), "result": "EQUAL", "target": "MOD", "mod_revision": w.revision}
-            for w in step.writes
+            {"key": _b64(w.key), "result": "EQUAL", "target": "MOD", "mod_revision": w.revision} for w in step.writes
         ]
         success = [
-            {"request_delete_range": {"key": _b64(w.key)}} if w.value is None
+            {"request_delete_range": {"key": _b64(w.key)}}
+            if w.value is None
             else {"request_put": {"key": _b64(w.key), "value": _b64(w.value)}}
             for w in step.writes
         ]

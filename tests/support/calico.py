@@ -36,22 +36,33 @@ class CalicoSeed:
     sequence: int = 1_700_000_000_000_000_000
 
     def resource(self, plural: str, name: str, kind: str, spec: dict[str, Any], namespace: str | None = None) -> str:
-        metadata: dict[str, Any] = {"name": name, "uid": f"uid-{plural}-{name}",
-                                    "creationTimestamp": "2026-01-01T00:00:00Z"}
+        metadata: dict[str, Any] = {
+            "name": name,
+            "uid": f"uid-{plural}-{name}",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        }
         if namespace:
             metadata["namespace"] = namespace
         key = f"{R}{plural}/{namespace + '/' if namespace else ''}{name}"
-        self.keys[key] = _dump({"kind": kind, "apiVersion": "projectcalico.org/v3", "metadata": metadata,
-                                "spec": spec})
+        self.keys[key] = _dump({"kind": kind, "apiVersion": "projectcalico.org/v3", "metadata": metadata, "spec": spec})
         return key
 
     def cluster_information(self, guid: str = "a1b2c3d4e5f6", ready: bool = True) -> None:
-        self.resource("clusterinformations", "default", "ClusterInformation",
-                      {"clusterGUID": guid, "clusterType": "k8s,bgp,kops", "calicoVersion": "v3.32.1",
-                       "datastoreReady": ready})
+        self.resource(
+            "clusterinformations",
+            "default",
+            "ClusterInformation",
+            {"clusterGUID": guid, "clusterType": "k8s,bgp,kops", "calicoVersion": "v3.32.1", "datastoreReady": ready},
+        )
 
-    def node(self, name: str, ipv4: str | None = None, k8s_node: str | None = "",
-             tunnel_ip: str | None = None, ipv6: str | None = None) -> str:
+    def node(
+        self,
+        name: str,
+        ipv4: str | None = None,
+        k8s_node: str | None = "",
+        tunnel_ip: str | None = None,
+        ipv6: str | None = None,
+    ) -> str:
         """A Calico Node; k8s_node "" means "same as name", None means no orchRefs at all."""
         bgp: dict[str, Any] = {}
         if ipv4:
@@ -71,17 +82,23 @@ class CalicoSeed:
     def block(self, cidr: str, host: str | None) -> dict[str, Any]:
         network = ipaddress.ip_network(cidr)
         block = {
-            "cidr": cidr, "affinity": f"host:{host}" if host else None,
-            "allocations": [None] * network.num_addresses, "unallocated": list(range(network.num_addresses)),
-            "attributes": [], "deleted": False, "sequenceNumber": self.sequence,
-            "sequenceNumberForAllocation": {}, "strictAffinity": False,
+            "cidr": cidr,
+            "affinity": f"host:{host}" if host else None,
+            "allocations": [None] * network.num_addresses,
+            "unallocated": list(range(network.num_addresses)),
+            "attributes": [],
+            "deleted": False,
+            "sequenceNumber": self.sequence,
+            "sequenceNumberForAllocation": {},
+            "strictAffinity": False,
         }
         self.sequence += 1000
         self.blocks[cidr] = block
         version = network.version
         if host:
             self.keys[f"/calico/ipam/v2/host/{host}/ipv{version}/block/{cidr.replace('/', '-')}"] = _dump(
-                {"state": "confirmed", "deleted": False})
+                {"state": "confirmed", "deleted": False}
+            )
         self._sync_block(cidr)
         return block
 
@@ -89,8 +106,15 @@ class CalicoSeed:
         version = ipaddress.ip_network(cidr).version
         self.keys[f"/calico/ipam/v2/assignment/ipv{version}/block/{cidr.replace('/', '-')}"] = _dump(self.blocks[cidr])
 
-    def allocate(self, ip: str, handle: str, node: str, kind: str | None = None,
-                 pod: str | None = None, namespace: str | None = None) -> None:
+    def allocate(
+        self,
+        ip: str,
+        handle: str,
+        node: str,
+        kind: str | None = None,
+        pod: str | None = None,
+        namespace: str | None = None,
+    ) -> None:
         address = ipaddress.ip_address(ip)
         cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
         block = self.blocks[cidr]
@@ -115,11 +139,25 @@ class CalicoSeed:
         container = hashlib.sha256(f"{node}/{namespace}/{pod}".encode()).hexdigest()[:16]
         self.allocate(ip, f"k8s-pod-network.{container}", node, pod=pod, namespace=namespace)
         name = "-".join(part.replace("-", "--") for part in (node, "k8s", pod, "eth0"))
-        return self.resource("workloadendpoints", name, "WorkloadEndpoint", {
-            "orchestrator": "k8s", "workload": "", "node": node, "containerID": container, "pod": pod,
-            "endpoint": "eth0", "serviceAccountName": "default", "ipNetworks": [f"{ip}/32"],
-            "profiles": [f"kns.{namespace}", "ksa.default.default"], "interfaceName": f"cali{container[:11]}",
-            "mac": "ee:ee:ee:ee:ee:ee"}, namespace=namespace)
+        return self.resource(
+            "workloadendpoints",
+            name,
+            "WorkloadEndpoint",
+            {
+                "orchestrator": "k8s",
+                "workload": "",
+                "node": node,
+                "containerID": container,
+                "pod": pod,
+                "endpoint": "eth0",
+                "serviceAccountName": "default",
+                "ipNetworks": [f"{ip}/32"],
+                "profiles": [f"kns.{namespace}", "ksa.default.default"],
+                "interfaceName": f"cali{container[:11]}",
+                "mac": "ee:ee:ee:ee:ee:ee",
+            },
+            namespace=namespace,
+        )
 
     def felix(self, host: str, alive: bool) -> None:
         base = f"/calico/felix/v2/no-region/host/{host}/"
@@ -129,7 +167,9 @@ class CalicoSeed:
             self.keys[base + "status"] = report
 
     def node_config(self, host: str) -> None:
-        self.resource("felixconfigurations", f"node.{host}", "FelixConfiguration", {"defaultEndpointToHostAction": "Return"})
+        self.resource(
+            "felixconfigurations", f"node.{host}", "FelixConfiguration", {"defaultEndpointToHostAction": "Return"}
+        )
         self.resource("bgpconfigurations", f"node.{host}", "BGPConfiguration", {"listenPort": 179})
 
     def peer(self, name: str, node: str | None) -> str:
@@ -149,7 +189,7 @@ def load(url: str, keys: dict[str, str], session: requests.Session | None = None
     session = session or _session()
     items = list(keys.items())
     for start in range(0, len(items), 128):
-        success = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in items[start:start + 128]]
+        success = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in items[start : start + 128]]
         response = session.post(f"{url}/v3/kv/txn", json={"success": success}, timeout=30)
         response.raise_for_status()
 

@@ -53,18 +53,61 @@ def make_tls_files(directory: Path) -> TlsFiles:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-            "-keyout", "ca.key", "-out", "ca.crt")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    )
     # etcd's JSON gateway dials its own gRPC port with the server certificate: it needs clientAuth too.
     (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
     (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
-    return TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key",
-                    directory / "client.crt", directory / "client.key")
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.crt",
+        )
+    return TlsFiles(
+        directory / "ca.crt",
+        directory / "server.crt",
+        directory / "server.key",
+        directory / "client.crt",
+        directory / "client.key",
+    )
 
 
 class EtcdServer:
@@ -88,18 +131,49 @@ class EtcdServer:
     def start(self) -> None:
         peer = f"http://127.0.0.1:{self.peer_port}"
         command = [
-            etcd_binary(), "--name", "t", "--data-dir", str(self.workdir / "data"),
-            "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"t={peer}", "--initial-cluster-state", "new",
-            "--heartbeat-interval", "10", "--election-timeout", "100", "--enable-v2=true",
-            "--logger", "zap", "--log-outputs", str(self.workdir / "etcd.log"),
+            etcd_binary(),
+            "--name",
+            "t",
+            "--data-dir",
+            str(self.workdir / "data"),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"t={peer}",
+            "--initial-cluster-state",
+            "new",
+            "--heartbeat-interval",
+            "10",
+            "--election-timeout",
+            "100",
+            "--enable-v2=true",
+            "--logger",
+            "zap",
+            "--log-outputs",
+            str(self.workdir / "etcd.log"),
         ]
         if self.tls:
-            command += ["--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
-                        "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        env={**os.environ, "ETCD_UNSUPPORTED_ARCH": os.uname().machine})
+            command += [
+                "--cert-file",
+                str(self.tls.server_cert),
+                "--key-file",
+                str(self.tls.server_key),
+                "--trusted-ca-file",
+                str(self.tls.ca),
+                "--client-cert-auth",
+            ]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "ETCD_UNSUPPORTED_ARCH": os.uname().machine},
+        )
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:

@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
-           429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Expired",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
@@ -49,8 +57,16 @@ class Hook:
 
 
 def status_body(code: int, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": REASONS.get(code, "Unknown"), "code": code, **({"details": details} if details else {})}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": REASONS.get(code, "Unknown"),
+        "code": code,
+        **({"details": details} if details else {}),
+    }
 
 
 @dataclass
@@ -85,7 +101,9 @@ class KubeApiServer:
 
     def write_kubeconfig(self, path: Path) -> Path:
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": self.url}}],
             "users": [{"name": "test", "user": {"token": "test-token"}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
@@ -110,8 +128,15 @@ class KubeApiServer:
 
     def add_node(self, name: str, internal_ip: str | None = None) -> None:
         addresses = [{"type": "InternalIP", "address": internal_ip}] if internal_ip else []
-        self.put("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-                                   "status": {"addresses": [*addresses, {"type": "Hostname", "address": name}]}})
+        self.put(
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name},
+                "status": {"addresses": [*addresses, {"type": "Hostname", "address": name}]},
+            },
+        )
 
     def delete_node(self, name: str) -> None:
         with self._lock:
@@ -161,8 +186,15 @@ class KubeApiServer:
                 return 400, status_body(400, "request body is not JSON")
             return self._serve(method, collection, plural, name, query, payload)
 
-    def _serve(self, method: str, collection: str, plural: str, name: str | None,
-               query: dict[str, str], payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _serve(
+        self,
+        method: str,
+        collection: str,
+        plural: str,
+        name: str | None,
+        query: dict[str, str],
+        payload: dict[str, Any],
+    ) -> tuple[int, dict[str, Any]]:
         items = self.objects.setdefault(collection, {})
         kind = KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
@@ -185,9 +217,13 @@ class KubeApiServer:
         if method == "PUT":
             sent = (payload.get("metadata") or {}).get("resourceVersion")
             if sent != current["metadata"]["resourceVersion"]:
-                return 409, status_body(409, f'Operation cannot be fulfilled on {plural} "{name}": the object '
-                                        "has been modified; please apply your changes to the latest version "
-                                        "and try again", details)
+                return 409, status_body(
+                    409,
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object '
+                    "has been modified; please apply your changes to the latest version "
+                    "and try again",
+                    details,
+                )
             payload["metadata"]["uid"] = current["metadata"]["uid"]
             return 200, self.put(collection, payload)
         if method == "DELETE":
@@ -205,18 +241,20 @@ class KubeApiServer:
             except (ValueError, KeyError, binascii.Error):
                 return 400, status_body(400, "invalid continue token")
             if self.expired_tokens:
-                return 410, status_body(410, "The provided continue parameter is too old to display a "
-                                        "consistent list result. You can start a new list without the "
-                                        "continue parameter.")
+                return 410, status_body(
+                    410,
+                    "The provided continue parameter is too old to display a "
+                    "consistent list result. You can start a new list without the "
+                    "continue parameter.",
+                )
             start = next((i for i, n in enumerate(names) if n > last), len(names))
         limit = int(query.get("limit") or 0) or len(names)
-        page = names[start:start + limit]
+        page = names[start : start + limit]
         metadata: dict[str, Any] = {"resourceVersion": str(self._revision)}
         if start + limit < len(names):
             metadata["continue"] = base64.urlsafe_b64encode(json.dumps({"last": page[-1]}).encode()).decode()
             metadata["remainingItemCount"] = len(names) - start - limit
-        return 200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata,
-                     "items": [items[n] for n in page]}
+        return 200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata, "items": [items[n] for n in page]}
 
 
 def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
