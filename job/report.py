@@ -124,11 +124,12 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
     }
 
 
-def write(report: dict[str, Any], path: Path | None, stdout: TextIO = sys.stdout) -> None:
+def write(report: dict[str, Any], path: Path | None, stdout: TextIO | None = None) -> None:
     """To stdout, and atomically to `path` when given."""
     text = json.dumps(report, indent=2)
-    stdout.write(text + "\n")
-    stdout.flush()
+    out = stdout or sys.stdout
+    out.write(text + "\n")
+    out.flush()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -1,0 +1,175 @@
+"""The command line through main(argv, environ): flags, environment, exit codes, the report."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from job.cli import main
+from job.config import ConfigError, load, parse_duration
+from tests.conftest import Harness, validate_report
+from tests.support import scenario as s
+
+
+def environment(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        "ETCD_ENDPOINTS": harness.etcd.url,
+        "KUBECONFIG": str(harness.kubeapi.write_kubeconfig(tmp_path / "kubeconfig")),
+        "POD_NAMESPACE": "calico-gc",
+        **extra,
+    }
+
+
+def test_dry_run_by_default_report_on_stdout_and_in_a_file(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    report_file = tmp_path / "out" / "report.json"
+    code = main(
+        ["--grace-period", "0s", "--state-file", str(tmp_path / "state.json"), "--report-file", str(report_file)],
+        environment(harness, tmp_path),
+    )
+    out = capsys.readouterr()
+    assert code == 0
+    report = json.loads(out.out)
+    validate_report(report)
+    assert report == json.loads(report_file.read_text())
+    assert report["mode"] == "dry-run" and report["summary"]["would_delete"] == 2
+    assert harness.dump() == before
+    assert "dry-run ok (exit 0)" in out.err
+    log_lines = [json.loads(line) for line in out.err.splitlines() if line.startswith("{")]
+    assert {"run_started", "decision", "run_finished"} <= {line["event"] for line in log_lines}
+
+
+def test_environment_configures_the_run_and_flags_win(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    env = environment(
+        harness,
+        tmp_path,
+        CALICO_GC_APPLY="true",
+        CALICO_GC_GRACE_PERIOD="0s",
+        CALICO_GC_MAX_DELETIONS="5",
+        CALICO_GC_STATE_FILE=str(tmp_path / "state.json"),
+        CALICO_GC_LOCK="none",
+    )
+    code = main(["--max-deletions", "1"], env)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["mode"] == "apply"
+    assert report["summary"]["deleted"] == 1 and report["summary"]["deferred"] == 1
+
+
+def test_lease_lock_is_the_default(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    harness.seed(s.kops_cluster())
+    code = main(["--grace-period", "0s", "--state-file", str(tmp_path / "s.json")], environment(harness, tmp_path))
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["lock"]["mode"] == "lease" and report["lock"]["acquired"]
+    assert harness.kubeapi.get("/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases", "calico-gc") is not None
+
+
+def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = s.kops_cluster()
+    scenario.k8s_nodes = []
+    harness.seed(scenario)
+    code = main(["--apply", "--lock", "none", "--state-file", str(tmp_path / "s.json")], environment(harness, tmp_path))
+    report = json.loads(capsys.readouterr().out)
+    assert code == 3 and report["guards"][0]["name"] == "empty_k8s_node_list"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--grace-period", "soon"], {}, "invalid duration 'soon'"),
+        (["--max-deletions", "-1"], {}, "--max-deletions: must be at least 0"),
+        (["--max-orphan-fraction", "2"], {}, "--max-orphan-fraction"),
+        (["--unreferenced", "guess"], {}, "invalid choice"),
+        (["--exclude", "("], {}, "--exclude '('"),
+        (["--no-such-flag"], {}, "unrecognized arguments"),
+        ([], {"CALICO_GC_APPLY": "maybe"}, "--apply: expected true or false"),
+        ([], {"CALICO_GC_LOCK": "flock"}, "CALICO_GC_LOCK: expected one of lease, none"),
+        ([], {"ETCD_ENDPOINTS": "etcd:2379"}, "invalid etcd endpoint"),
+        ([], {"ETCD_ENDPOINTS": "https://user:pw@etcd:2379"}, "must not carry credentials"),
+        ([], {"ETCD_CERT_FILE": "/etc/hostname"}, "must be given together"),
+        ([], {"ETCD_CA_CERT_FILE": "/no/such/ca.pem"}, "ETCD_CA_CERT_FILE: cannot read"),
+        ([], {"DATASTORE_TYPE": "kubernetes"}, "not supported by this version"),
+        ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "no usable Kubernetes configuration"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv, env) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert "Traceback" not in err[0]
+
+
+def test_help_documents_every_flag_with_its_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"], {})
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for needle in (
+        "--apply",
+        "--grace-period",
+        "--conflict-grace-period",
+        "--max-deletions",
+        "--max-orphan-fraction",
+        "--unreferenced",
+        "--exclude",
+        "--state-file",
+        "--report-file",
+        "--lock",
+        "--kubeconfig",
+        "--log-level",
+        "ETCD_ENDPOINTS",
+        "DATASTORE_TYPE",
+        "POD_NAMESPACE",
+        "Exit codes",
+    ):
+        assert needle in text
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"], {}) == 0
+    assert capsys.readouterr().out.strip() == "0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30s", timedelta(seconds=30)),
+        ("15m", timedelta(minutes=15)),
+        ("2h", timedelta(hours=2)),
+        ("1h30m", timedelta(minutes=90)),
+        ("0", timedelta(0)),
+        ("1.5h", timedelta(minutes=90)),
+    ],
+)
+def test_durations(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "5", "m5", "5x", "1h 30m", "-5m"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_duration(text)
+
+
+def test_defaults_are_safe() -> None:
+    config = load([], {})
+    assert not config.apply
+    assert config.grace_period == timedelta(minutes=30) and config.conflict_grace_period == timedelta(0)
+    assert (config.max_deletions, config.max_orphan_fraction, config.unreferenced) == (20, 0.5, "skip")
+    assert config.lock == "lease" and config.datastore_type == "etcdv3"
+
+
+def test_exclude_from_the_environment_is_a_comma_separated_list() -> None:
+    config = load([], {"CALICO_GC_EXCLUDE": "rr-.*, bastion"})
+    assert config.exclude == ("rr-.*", "bastion")
+    assert config.is_excluded("rr-1") and config.is_excluded("bastion") and not config.is_excluded("bastion-2")
