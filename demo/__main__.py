@@ -24,15 +24,18 @@ from tests.support.scenario import kops_cluster
 RUNS = [
     ("1. dry run (the default): nothing is written to etcd", []),
     ("2. --apply after the grace period (shortened here to 0s)", ["--apply", "--grace-period", "0s"]),
-    ("3. --apply --unreferenced=match-name: the backlog without orchRefs",
-     ["--apply", "--grace-period", "0s", "--unreferenced", "match-name"]),
+    (
+        "3. --apply --unreferenced=match-name: the backlog without orchRefs",
+        ["--apply", "--grace-period", "0s", "--unreferenced", "match-name"],
+    ),
 ]
 
 
 def show(title: str, report: dict[str, Any], code: int, keys_before: int, keys_after: int) -> None:
     print(f"\n== {title}")
-    print(f"   exit {code}, outcome {report['outcome']}, mode {report['mode']}, "
-          f"etcd keys {keys_before} -> {keys_after}")
+    print(
+        f"   exit {code}, outcome {report['outcome']}, mode {report['mode']}, etcd keys {keys_before} -> {keys_after}"
+    )
     summary = {k: v for k, v in report["summary"].items() if v not in (0, False, None)}
     print(f"   summary: {json.dumps(summary)}")
     for conflict in report["conflicts"]:
@@ -54,15 +57,25 @@ def main() -> int:
         calico.load(etcd.url, scenario.seed.keys)
         for name, ip in scenario.k8s_nodes:
             kubeapi.add_node(name, ip)
-        print(f"etcd {etcd.url} seeded with {len(scenario.seed.keys)} Calico keys; "
-              f"Kubernetes API test server {kubeapi.url} with {len(scenario.k8s_nodes)} Nodes")
-        env = {**os.environ, "ETCD_ENDPOINTS": etcd.url, "POD_NAMESPACE": "kube-system",
-               "KUBECONFIG": str(kubeapi.write_kubeconfig(workdir / "kubeconfig"))}
+        print(
+            f"etcd {etcd.url} seeded with {len(scenario.seed.keys)} Calico keys; "
+            f"Kubernetes API test server {kubeapi.url} with {len(scenario.k8s_nodes)} Nodes"
+        )
+        env = {
+            **os.environ,
+            "ETCD_ENDPOINTS": etcd.url,
+            "POD_NAMESPACE": "kube-system",
+            "KUBECONFIG": str(kubeapi.write_kubeconfig(workdir / "kubeconfig")),
+        }
         for title, args in RUNS:
             before = len(calico.dump(etcd.url))
             report_file = workdir / "report.json"
-            result = subprocess.run([sys.executable, "-m", "job", *args, "--report-file", str(report_file)],
-                                    env=env, capture_output=True, text=True)
+            result = subprocess.run(
+                [sys.executable, "-m", "job", *args, "--report-file", str(report_file)],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             show(title, json.loads(report_file.read_text()), result.returncode, before, len(calico.dump(etcd.url)))
             if result.returncode != 0:
                 print(result.stderr[-2000:], file=sys.stderr)

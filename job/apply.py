@@ -6,6 +6,7 @@ pure planner decides that host again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -31,6 +32,20 @@ def _log_step(host: str, step: Step) -> None:
         log.info(
             "write", host=host, op="delete" if write.value is None else "update", key=write.key, revision=write.revision
         )
+
+
+def fill_before(decisions: Sequence[HostDecision], datastore: Datastore, revision: int) -> tuple[HostDecision, ...]:
+    """Fetch, in bulk, the before-values the read did not keep, for the report."""
+    missing = [w.key for d in decisions for step in d.steps for w in step.writes if w.before is None]
+    if not missing:
+        return tuple(decisions)
+    values = datastore.values_at(missing, revision)
+
+    def filled(step: Step) -> Step:
+        writes = tuple(replace(w, before=values.get(w.key)) if w.before is None else w for w in step.writes)
+        return replace(step, writes=writes)
+
+    return tuple(replace(d, steps=tuple(filled(step) for step in d.steps)) for d in decisions)
 
 
 def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config) -> HostDecision:
@@ -60,7 +75,10 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
                 committed.append(step)
             else:
                 return outcome(Action.DELETED, decision.reason)
-            current = replan_host(datastore.read(), current)
+            inventory = datastore.read()
+            current = replan_host(inventory, current)
+            if current is not None:
+                (current,) = fill_before((current,), datastore, inventory.revision)
         except DatastoreError as error:
             return outcome(Action.FAILED, "datastore_error", str(error))
         if current is None:

@@ -212,7 +212,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--etcd-cert-file", "ETCD_CERT_FILE", None, "Client certificate for etcd.", metavar="PATH"),
     Option("--etcd-key-file", "ETCD_KEY_FILE", None, "Client key for etcd.", metavar="PATH"),
     Option("--etcd-timeout", "CALICO_GC_ETCD_TIMEOUT", "10s", "Timeout of one etcd request.", metavar="DURATION"),
-    Option("--page-size", "CALICO_GC_PAGE_SIZE", "1000", "Keys or objects per paged read.", metavar="N"),
+    Option(
+        "--page-size",
+        "CALICO_GC_PAGE_SIZE",
+        "2000",
+        "Keys per paged etcd read (etcd counts the rest of the range on every page, so small pages cost more).",
+        metavar="N",
+    ),
     Option(
         "--retry-attempts",
         "CALICO_GC_RETRY_ATTEMPTS",
@@ -256,7 +262,7 @@ class Config:
     etcd_cert_file: Path | None = None
     etcd_key_file: Path | None = None
     etcd_timeout: timedelta = timedelta(seconds=10)
-    page_size: int = 1000
+    page_size: int = 2000
     retry_attempts: int = 6
     retry_timeout: timedelta = timedelta(seconds=60)
     log_level: str = "info"

@@ -6,7 +6,6 @@ change are touched, every other field (known or not) is written back as it was r
 
 from __future__ import annotations
 
-import copy
 import ipaddress
 import json
 from collections import Counter, defaultdict
@@ -53,6 +52,12 @@ def block_shape_problem(data: object) -> str | None:
         if index is not None and not (type(index) is int and 0 <= index < len(attributes)):
             return f"block allocation points at missing attribute {index!r}"
     return None
+
+
+def block_data(block: IpamBlock) -> JsonObject:
+    """A block's JSON; the adapter validated its shape when it read it."""
+    data: JsonObject = json.loads(block.item.value or "{}")
+    return data
 
 
 def affinity_host(block: Mapping[str, object]) -> str | None:
@@ -103,21 +108,23 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
     Windows-reserved allocations are never freed. Attributes whose every reference was
     freed are dropped and the remaining allocations renumbered, as libcalico-go does.
     """
-    new: JsonObject = copy.deepcopy(dict(block))
-    allocations: list[int | None] = new["allocations"]
+    # Shallow copy; every field changed below gets a fresh container, so `block` is untouched.
+    new: JsonObject = dict(block)
+    allocations: list[int | None] = list(new["allocations"])
     attributes: list[JsonObject] = new.get("attributes") or []
+    unallocated = list(new["unallocated"]) if isinstance(new.get("unallocated"), list) else []
+    sequence_by_ordinal = new.get("sequenceNumberForAllocation")
+    if isinstance(sequence_by_ordinal, dict):
+        sequence_by_ordinal = new["sequenceNumberForAllocation"] = dict(sequence_by_ordinal)
     references = Counter(index for index in allocations if index is not None)
     freed: Counter[int] = Counter()
     handles: Counter[str] = Counter()
-    sequence_by_ordinal = new.get("sequenceNumberForAllocation")
     for ordinal in sorted(ordinals):
         index = allocations[ordinal]
         if index is None or attributes[index].get("handle_id") == WINDOWS_RESERVED_HANDLE:
             continue
         allocations[ordinal] = None
-        if not isinstance(new.get("unallocated"), list):
-            new["unallocated"] = []
-        new["unallocated"].append(ordinal)
+        unallocated.append(ordinal)
         if isinstance(sequence_by_ordinal, dict):
             sequence_by_ordinal.pop(str(ordinal), None)
         freed[index] += 1
@@ -125,11 +132,12 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
         if isinstance(handle_id, str) and handle_id:
             handles[handle_id] += 1
     if not freed:
-        return new, handles
+        return dict(block), handles
     unused = {index for index, count in freed.items() if references[index] == count}
     kept = [index for index in range(len(attributes)) if index not in unused]
     renumbered = {old: position for position, old in enumerate(kept)}
     new["allocations"] = [None if index is None else renumbered[index] for index in allocations]
+    new["unallocated"] = unallocated
     if "attributes" in new:
         new["attributes"] = [attributes[index] for index in kept]
     _bump_sequence(new)
@@ -138,7 +146,7 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
 
 def without_affinity(block: Mapping[str, object]) -> JsonObject:
     """A copy of a block that no host claims any more (it keeps lending its IPs)."""
-    new: JsonObject = copy.deepcopy(dict(block))
+    new: JsonObject = dict(block)  # only top-level fields change
     new["affinity"] = None
     new.pop("affinity_claim_time", None)
     _bump_sequence(new)
@@ -150,10 +158,8 @@ def decrement_handle(handle: Mapping[str, object], counts: Mapping[str, int]) ->
 
     Counts Calico left too high (it decrements at most once per call) just end at zero.
     """
-    new: JsonObject = copy.deepcopy(dict(handle))
-    per_block = new.get("block")
-    if not isinstance(per_block, dict):
-        per_block = {}
+    new: JsonObject = dict(handle)
+    per_block = dict(new["block"]) if isinstance(new.get("block"), dict) else {}
     for cidr, count in counts.items():
         remaining = int(per_block.get(cidr, 0)) - count
         if remaining > 0:
@@ -172,8 +178,9 @@ class IpamIndex:
 
     blocks: dict[str, IpamBlock] = field(default_factory=dict)
     handles: Mapping[str, IpamHandle] = field(default_factory=dict)
-    malformed_handles: frozenset[str] = frozenset()
     owned: dict[str, dict[str, set[int]]] = field(default_factory=lambda: defaultdict(dict))
+    # Per block, each allocated ordinal's node (None when the allocation names none).
+    allocated: dict[str, dict[int, str | None]] = field(default_factory=dict)
     affine: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     malformed_networks: list[IpNetwork] = field(default_factory=list)
     _by_network: dict[IpNetwork, str] = field(default_factory=dict)
@@ -185,9 +192,8 @@ class IpamIndex:
         blocks: Iterable[IpamBlock],
         handles: Mapping[str, IpamHandle],
         malformed_blocks: Iterable[str] = (),
-        malformed_handles: frozenset[str] = frozenset(),
     ) -> IpamIndex:
-        index = cls(handles=handles, malformed_handles=malformed_handles)
+        index = cls(handles=handles)
         for block in blocks:
             index._add(block)
         for cidr in malformed_blocks:
@@ -202,14 +208,17 @@ class IpamIndex:
         self.blocks[block.cidr] = block
         self._by_network[network] = block.cidr
         self._prefix_lengths.add((network.version, network.prefixlen))
-        host = affinity_host(block.data)
+        data = block_data(block)  # parsed here and dropped: 5,000 parsed blocks would cost ~100 MB
+        host = affinity_host(data)
         if host is not None:
             self.affine[host].append(block.cidr)
-        for ordinal, position in enumerate(block.data["allocations"]):
+        allocated = self.allocated[block.cidr] = {}
+        for ordinal, position in enumerate(data["allocations"]):
             if position is None:
                 continue
-            attribute = block.data["attributes"][position]
-            owner = _owner_node(attribute) or tunnel_handle_node(attribute.get("handle_id"))
+            attribute = data["attributes"][position]
+            allocated[ordinal] = _owner_node(attribute)
+            owner = allocated[ordinal] or tunnel_handle_node(attribute.get("handle_id"))
             if owner is not None:
                 self.owned[owner].setdefault(block.cidr, set()).add(ordinal)
 
@@ -261,7 +270,8 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> dict[str, set[int]]:
         if located is None:
             continue
         cidr, ordinal = located
-        if _owner_node(_attribute(index.blocks[cidr].data, ordinal)) in (None, host.name):
+        allocated = index.allocated[cidr]
+        if ordinal in allocated and allocated[ordinal] in (None, host.name):
             targets.setdefault(cidr, set()).add(ordinal)
     return targets
 
@@ -287,7 +297,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         writes: list[Write] = []
         actions: list[str] = []
         if block is not None:
-            data: JsonObject = block.data
+            data = block_data(block)
             changed = False
             if targets.get(cidr):
                 data, freed = release(data, targets[cidr])
@@ -312,11 +322,24 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
             actions.append("delete the affinity")
         if writes:
             steps.append(Step(f"block {cidr}: " + ", ".join(actions), tuple(writes)))
-    if any(handle_id in index.malformed_handles for handle_id in handle_counts):
-        return IpamRelease(problem="an IPAM handle of this host could not be parsed")
     handle_writes = []
     for handle_id in sorted(handle_counts):
         handle = index.handles.get(handle_id)
-        if handle is not None:
-            handle_writes.append(_write(handle.item, decrement_handle(handle.data, handle_counts[handle_id])))
+        if handle is None:
+            continue  # a missing handle is what `calicoctl ipam check` reports; nothing to decrement
+        handle_data = parse_handle(handle.item.value or "")
+        if handle_data is None:
+            return IpamRelease(problem=f"IPAM handle {handle.item.key} could not be parsed")
+        handle_writes.append(_write(handle.item, decrement_handle(handle_data, handle_counts[handle_id])))
     return IpamRelease(tuple(steps), tuple(handle_writes))
+
+
+def parse_handle(text: str) -> JsonObject | None:
+    """A handle's JSON, or None when it is not `{"block": {...}, ...}`."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("block", {}), dict):
+        return None
+    return value

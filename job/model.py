@@ -17,11 +17,15 @@ JsonObject = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class StoredItem:
-    """One datastore entry as read: its key, the revision to compare on, the raw value."""
+    """One datastore entry as read: its key, the revision to compare on, the raw value.
+
+    `value` is None for entries only ever deleted whole and too many to hold (workload
+    endpoints): the report fetches their values for just the hosts it deletes.
+    """
 
     key: str
     revision: int
-    value: str
+    value: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +46,18 @@ class BlockAffinity:
 
 @dataclass(frozen=True, slots=True)
 class IpamBlock:
+    """A block as read (shape already checked); its JSON is parsed where it is used."""
+
     item: StoredItem
     cidr: str
-    data: JsonObject
 
 
 @dataclass(frozen=True, slots=True)
 class IpamHandle:
+    """A handle as read; its JSON is parsed only when a release needs it."""
+
     item: StoredItem
     handle_id: str
-    data: JsonObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,6 @@ class Inventory:
     blocks: tuple[IpamBlock, ...] = ()
     handles: Mapping[str, IpamHandle] = field(default_factory=dict)
     malformed_blocks: tuple[str, ...] = ()
-    malformed_handles: frozenset[str] = frozenset()
     cluster: ClusterInfo = ClusterInfo()
     problems: tuple[DataProblem, ...] = ()
     revision: int = 0
@@ -119,13 +124,14 @@ class Action(StrEnum):
 class Write:
     """One conditional write: applies only if the key is still at `revision`.
 
-    `value` None means delete; `before` is the value read, kept for the report.
+    `value` None means delete; `before` is the value read, for the report (None until
+    fetched, for entries read without their value).
     """
 
     key: str
     revision: int
     value: str | None
-    before: str
+    before: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,7 +183,7 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
 
 
 def build_index(inventory: Inventory) -> IpamIndex:
-    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks, inventory.malformed_handles)
+    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks)
 
 
 def plan_run(

@@ -7,14 +7,14 @@ flow against real servers without patching anything.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import IntEnum
 from typing import Any, Protocol
 
 import structlog
 
-from job.apply import NodeChecker, apply_plan
+from job.apply import NodeChecker, apply_plan, fill_before
 from job.config import Config
 from job.datastores.base import Datastore, DatastoreError
 from job.kube import Conflict, KubeError
@@ -119,6 +119,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         record.error("grace_state", f"could not read grace state, every wait restarts: {error}")
         grace_state = {}
     plan = plan_run(inventory, kube_nodes, grace_state, deps.clock(), config)
+    plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
     record.plan, record.decisions = plan, plan.decisions
     for decision in plan.decisions:
         log.info(

@@ -43,6 +43,7 @@ def test_release_frees_ordinals_and_appends_them_to_unallocated() -> None:
     assert new["sequenceNumber"] == 51
     assert handles == {"h1": 1}
     assert block["allocations"][1] == 0, "the input is never modified"
+    assert "1" in block["sequenceNumberForAllocation"] and 1 not in block["unallocated"]
 
 
 def test_release_compacts_attributes_and_renumbers_every_allocation() -> None:
@@ -116,7 +117,7 @@ def test_block_shape_problems_are_named() -> None:
 
 
 def _plan(seed: CalicoSeed, name: str) -> list[tuple[str, str | None]]:
-    inventory = build_inventory(iter(StoredItem(k, 1, v) for k, v in seed.keys.items()), 1)
+    inventory = build_inventory(iter(StoredItem(k, 1, v) for k, v in seed.keys.items()), lambda: 1)
     host = next(h for h in inventory.hosts if h.name == name)
     steps, problem = host_steps(host, build_index(inventory))
     assert problem is None
@@ -127,7 +128,7 @@ def test_gone_hosts_own_empty_block_is_deleted_with_its_affinity_in_one_step() -
     seed = CalicoSeed()
     seed.block("10.9.0.0/26", "gone")
     seed.node("gone", tunnel_ip="10.9.0.1")
-    inventory = build_inventory(iter(StoredItem(k, 1, v) for k, v in seed.keys.items()), 1)
+    inventory = build_inventory(iter(StoredItem(k, 1, v) for k, v in seed.keys.items()), lambda: 1)
     steps, _ = host_steps(inventory.hosts[0], build_index(inventory))
     first = steps[0]
     assert [(w.key, w.value) for w in first.writes] == [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from job.model import Inventory, Step
@@ -20,6 +21,10 @@ class Datastore(Protocol):
 
     def read(self) -> Inventory:
         """One consistent, paged read of everything the planner needs."""
+        ...
+
+    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
+        """The values of exact keys at a past read's revision (for entries read without one)."""
         ...
 
     def commit(self, step: Step) -> bool:

@@ -7,10 +7,13 @@ the shared model, committing turns conditional writes back into etcd transaction
 from __future__ import annotations
 
 import base64
+import binascii
+import gc
 import ipaddress
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -79,6 +82,7 @@ TUNNEL_FIELDS = (
     ("wireguard", "interfaceIPv4Address"),
     ("wireguard", "interfaceIPv6Address"),
 )
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 TRANSIENT_ERRORS = (ConnectionFailedError, ConnectionTimeoutError, InternalServerError)
 
 
@@ -87,7 +91,7 @@ def _b64(text: str) -> str:
 
 
 def _unb64(text: str) -> str:
-    return base64.b64decode(text).decode("utf-8", errors="surrogateescape")
+    return binascii.a2b_base64(text).decode("utf-8", errors="surrogateescape")
 
 
 def prefix_end(prefix: str) -> str:
@@ -134,7 +138,6 @@ class _Collected:
     blocks: list[IpamBlock] = field(default_factory=list)
     malformed_blocks: list[str] = field(default_factory=list)
     handles: dict[str, IpamHandle] = field(default_factory=dict)
-    malformed_handles: set[str] = field(default_factory=set)
     cluster: ClusterInfo = field(default_factory=ClusterInfo)
     problems: list[DataProblem] = field(default_factory=list)
 
@@ -143,7 +146,7 @@ class _Collected:
 
     def json(self, item: StoredItem) -> Any:
         try:
-            return json.loads(item.value)
+            return json.loads(item.value or "")
         except ValueError as error:
             self.problem("malformed_value", item.key, f"not valid JSON: {error}")
             return None
@@ -169,8 +172,10 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
                 collected.problem("malformed_value", key, "workload endpoint without spec.node")
             return
         networks = _dig(spec, "ipNetworks") or []
-        ips = tuple(ip for ip in map(_bare_ip, networks if isinstance(networks, list) else []) if ip)
-        collected.endpoints[node].append(WorkloadEndpoint(item, node, ips))
+        # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
+        ips = tuple(n.split("/", 1)[0] for n in (networks if isinstance(networks, list) else []) if isinstance(n, str))
+        # The value is dropped (100,000 endpoints would hold ~100 MB): see Datastore.values_at.
+        collected.endpoints[node].append(WorkloadEndpoint(StoredItem(item.key, item.revision, None), node, ips))
     elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
         prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
         collected.owned[key[len(prefix) :]].append(item)
@@ -191,15 +196,9 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
     elif key.startswith(AFFINITIES):
         _collect_affinity(collected, item)
     elif key.startswith(HANDLES):
+        # Parsed only when a release needs it: nearly all handles belong to live pods.
         handle_id = key[len(HANDLES) :]
-        value = collected.json(item)
-        if value is None:
-            collected.malformed_handles.add(handle_id)
-        elif not isinstance(value, dict) or not isinstance(value.get("block", {}), dict):
-            collected.malformed_handles.add(handle_id)
-            collected.problem("malformed_value", key, "handle without a block map")
-        else:
-            collected.handles[handle_id] = IpamHandle(item, handle_id, value)
+        collected.handles[handle_id] = IpamHandle(item, handle_id)
     elif key.startswith(FELIX_STATUS):
         parts = key[len(FELIX_STATUS) :].split("/", 3)
         if len(parts) < 4 or parts[1] != "host" or not parts[2]:
@@ -228,7 +227,7 @@ def _collect_block(collected: _Collected, item: StoredItem) -> None:
         collected.malformed_blocks.append(cidr)
         collected.problem("malformed_value", item.key, problem)
         return
-    collected.blocks.append(IpamBlock(item, cidr, value))
+    collected.blocks.append(IpamBlock(item, cidr))
 
 
 def _collect_affinity(collected: _Collected, item: StoredItem) -> None:
@@ -276,8 +275,11 @@ def _host(name: str, node: StoredItem, collected: _Collected) -> CalicoHost:
     )
 
 
-def build_inventory(items: Iterator[StoredItem], revision: int) -> Inventory:
-    """Turn etcd key-values into the shared model. Pure; unknown shapes become problems."""
+def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) -> Inventory:
+    """Turn etcd key-values into the shared model. Pure; unknown shapes become problems.
+
+    `revision` is asked for once the items are consumed: a streamed read learns it on the way.
+    """
     collected = _Collected()
     for item in items:
         _collect(collected, item)
@@ -292,10 +294,9 @@ def build_inventory(items: Iterator[StoredItem], revision: int) -> Inventory:
         blocks=tuple(collected.blocks),
         handles=collected.handles,
         malformed_blocks=tuple(collected.malformed_blocks),
-        malformed_handles=frozenset(collected.malformed_handles),
         cluster=collected.cluster,
         problems=tuple(collected.problems),
-        revision=revision,
+        revision=revision(),
     )
 
 
@@ -357,47 +358,69 @@ class EtcdV3Datastore:
         except Etcd3Exception as error:
             raise DatastoreError(f"etcd {path} failed: {describe_error(error)}") from error
 
-    def scan(self, prefix: str, revision: int | None = None) -> Iterator[tuple[list[dict[str, Any]], int]]:
-        """Pages of raw key-values under `prefix`, all at one revision (the first page's)."""
-        start = prefix
-        end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
-        while True:
-            body: dict[str, Any] = {"key": _b64(start), "limit": self._page_size}
-            if end is not None:
-                body["range_end"] = _b64(end)
-            if revision is not None:
-                body["revision"] = revision
-            response = self._post("/kv/range", body)
-            revision = int(response["header"]["revision"])
-            kvs = response.get("kvs", [])
-            yield kvs, revision
-            if not response.get("more") or not kvs or end is None:
-                return
-            start = _unb64(kvs[-1]["key"]) + "\0"
+    def _range(self, start: str, end: str | None, revision: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": _b64(start), "limit": self._page_size}
+        if end is not None:
+            body["range_end"] = _b64(end)
+        if revision is not None:
+            body["revision"] = revision
+        return self._post("/kv/range", body)
 
-    def _items(self, prefixes: tuple[str, ...]) -> tuple[list[StoredItem], int]:
-        items: list[StoredItem] = []
-        revision: int | None = None
-        for prefix in prefixes:
-            for kvs, page_revision in self.scan(prefix, revision):
-                revision = page_revision
-                items.extend(
-                    StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", ""))) for kv in kvs
-                )
-        return items, revision or 0
+    def scan(self, prefix: str, revision: int | None = None) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """Pages of raw key-values under `prefix`, all at one revision (the first page's).
+
+        The next page is requested before this one is handed out, so that etcd serialises it
+        while the caller parses: the read then costs little more than the wait for etcd.
+        """
+        end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="etcd-prefetch") as prefetch:
+            pending: Future[dict[str, Any]] | None = prefetch.submit(self._range, prefix, end, revision)
+            while pending is not None:
+                response = pending.result()
+                revision = int(response["header"]["revision"])
+                kvs = response.get("kvs", [])
+                more = bool(response.get("more")) and bool(kvs) and end is not None
+                pending = prefetch.submit(self._range, _unb64(kvs[-1]["key"]) + "\0", end, revision) if more else None
+                yield kvs, revision
+
+    def _items(self, pinned: list[int]) -> Iterator[StoredItem]:
+        """Every key of every prefix, page by page, all at the revision of the first page."""
+        for prefix in PREFIXES:
+            for kvs, revision in self.scan(prefix, pinned[0] if pinned else None):
+                pinned[:] = [revision]
+                for kv in kvs:
+                    yield StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
 
     def read(self) -> Inventory:
-        items, revision = self._items(PREFIXES)
-        inventory = build_inventory(iter(items), revision)
+        pinned: list[int] = []
+        # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
+        gc.disable()
+        try:
+            inventory = build_inventory(self._items(pinned), lambda: pinned[0] if pinned else 0)
+        finally:
+            gc.enable()
         log.info(
             "datastore_read",
-            keys=len(items),
             hosts=len(inventory.hosts),
             blocks=len(inventory.blocks),
+            handles=len(inventory.handles),
             problems=len(inventory.problems),
-            revision=revision,
+            revision=inventory.revision,
         )
         return inventory
+
+    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
+        """Values of exact keys as they were at `revision`, in transactions of 128 reads."""
+        values: dict[str, str] = {}
+        for start in range(0, len(keys), MAX_TXN_OPS):
+            reads = [
+                {"request_range": {"key": _b64(key), "revision": revision}} for key in keys[start : start + MAX_TXN_OPS]
+            ]
+            response = self._post("/kv/txn", {"success": reads})
+            for answer in response.get("responses", []):
+                for kv in answer.get("response_range", {}).get("kvs", []):
+                    values[_unb64(kv["key"])] = _unb64(kv.get("value", ""))
+        return values
 
     def commit(self, step: Step) -> bool:
         compare = [

@@ -1,0 +1,125 @@
+"""`make bench`: a dry run over a 5,000-host datastore, against one raw paged read.
+
+Prints: the job's wall time (`python -m job` as a process, as in a pod), the time of one paged
+raw read of the same prefixes with the same client, their ratio (goal: under 1.5), and the
+job's peak RSS (goal: under 250 MB). Only loopback traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.generate import datastore, host_name, load
+from job.config import Config, EtcdEndpoint
+from job.datastores.etcdv3 import PREFIXES, EtcdV3Datastore
+from job.retry import RetryPolicy
+from tests.support.etcd_server import EtcdServer
+from tests.support.kubeapi import KubeApiServer
+
+
+def raw_read_seconds(config: Config) -> tuple[float, int]:
+    """One paged read of every prefix the job reads, with the job's own client and page size."""
+    store = EtcdV3Datastore(config, RetryPolicy())
+    started = time.perf_counter()
+    count = sum(len(kvs) for prefix in PREFIXES for kvs, _ in store.scan(prefix))
+    seconds = time.perf_counter() - started
+    store.close()
+    return seconds, count
+
+
+def run_job(env: dict[str, str], args: list[str]) -> tuple[float, float, int, dict[str, object]]:
+    """Wall seconds, peak RSS in MB, exit code and the report of one `python -m job` process."""
+    report_file = Path(env["BENCH_DIR"]) / "report.json"
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "job", *args, "--report-file", str(report_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return seconds, usage.ru_maxrss / 1024, process.returncode, json.loads(report_file.read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hosts", type=int, default=5000)
+    parser.add_argument("--orphans", type=int, default=500)
+    parser.add_argument("--pods-per-host", type=int, default=20)
+    parser.add_argument("--page-size", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    options = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-"))
+    (workdir / "etcd").mkdir()
+    etcd, kubeapi = EtcdServer(workdir / "etcd"), KubeApiServer()
+    try:
+        etcd.start()
+        kubeapi.start()
+        started = time.perf_counter()
+        keys = load(etcd.url, datastore(options.hosts, options.orphans, options.pods_per_host))
+        print(
+            f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, "
+            f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
+            f"in {time.perf_counter() - started:.1f}s"
+        )
+        for index in range(options.hosts - options.orphans):
+            kubeapi.add_node(host_name(index), f"10.{index // 250}.{index % 250}.10")
+        config = Config(
+            etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=options.page_size
+        )
+        env = {
+            **os.environ,
+            "ETCD_ENDPOINTS": etcd.url,
+            "BENCH_DIR": str(workdir),
+            "KUBECONFIG": str(kubeapi.write_kubeconfig(workdir / "kubeconfig")),
+        }
+        base = [
+            "--lock",
+            "none",
+            "--state-file",
+            str(workdir / "state.json"),
+            "--grace-period",
+            "0s",
+            "--page-size",
+            str(options.page_size),
+        ]
+        cases = {
+            "default flags (--max-deletions 20)": (base, 20),
+            f"every orphan planned (--max-deletions {options.orphans})": (
+                [*base, "--max-deletions", str(options.orphans)],
+                options.orphans,
+            ),
+        }
+        raw_times = [raw_read_seconds(config)[0] for _ in range(options.repeat)]
+        raw = min(raw_times)
+        print(
+            f"raw paged read of the same prefixes: {raw:.2f}s ({keys} keys, page {options.page_size})"
+            f"  [all: {', '.join(f'{t:.2f}' for t in raw_times)}]"
+        )
+        for name, (args, planned) in cases.items():
+            runs = [run_job(env, args) for _ in range(options.repeat)]
+            for _, _, code, report in runs:
+                summary = report["summary"]
+                assert code == 0 and summary["would_delete"] == planned, (code, summary)  # type: ignore[index]
+            job = min(r[0] for r in runs)
+            print(
+                f"job dry run, {name}: {job:.2f}s  [all: {', '.join(f'{r[0]:.2f}' for r in runs)}]"
+                f"  ratio {job / raw:.2f} (goal < 1.5)  peak RSS {max(r[1] for r in runs):.0f} MB (goal < 250)"
+            )
+        return 0
+    finally:
+        kubeapi.stop()
+        etcd.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
