@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from job.cli import main
-from job.config import ConfigError, load, parse_duration
+from job.config import OPTIONS, ConfigError, load, parse_duration
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
 
@@ -173,3 +173,10 @@ def test_exclude_from_the_environment_is_a_comma_separated_list() -> None:
     config = load([], {"CALICO_GC_EXCLUDE": "rr-.*, bastion"})
     assert config.exclude == ("rr-.*", "bastion")
     assert config.is_excluded("rr-1") and config.is_excluded("bastion") and not config.is_excluded("bastion-2")
+
+
+def test_readme_documents_every_flag_and_variable() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for option in OPTIONS:
+        assert f"`{option.flag}" in readme and f"`{option.env}`" in readme, option.flag
+    assert readme.index("make demo") < readme.index("## Why") and readme.index("make test") < readme.index("## Why")
