@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from job.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Step, StoredItem, Write
 
@@ -31,14 +33,16 @@ def dump(value: JsonObject) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def block_shape_problem(data: object) -> str | None:
-    """Why a parsed block value cannot be edited safely, or None when it can."""
+def block_shape_problem(data: object, cidr: str | None = None) -> str | None:
+    """Why a parsed block value cannot be edited safely (or is not the block `cidr` names)."""
     if not isinstance(data, dict):
         return "block value is not a JSON object"
     try:
         network = ipaddress.ip_network(str(data.get("cidr")))
     except ValueError:
         return f"block cidr {data.get('cidr')!r} is not a network"
+    if cidr is not None and str(network) != cidr:
+        return f"block cidr {data['cidr']!r} does not match its key"
     allocations = data.get("allocations")
     attributes = data.get("attributes") or []
     unallocated = data.get("unallocated") or []
@@ -52,6 +56,21 @@ def block_shape_problem(data: object) -> str | None:
         if index is not None and not (type(index) is int and 0 <= index < len(attributes)):
             return f"block allocation points at missing attribute {index!r}"
     return None
+
+
+def summarize_block(data: Mapping[str, Any]) -> tuple[str | None, dict[int, str | None]]:
+    """What the index needs of a block: its affine host and each allocated ordinal's node.
+
+    The node is `secondary.node`, else the node of a tunnel handle (`ipip-tunnel-addr-<n>`).
+    """
+    owners: dict[int, str | None] = {}
+    attributes = data.get("attributes") or []
+    for ordinal, position in enumerate(data["allocations"]):
+        if position is not None:
+            attribute = attributes[position]
+            owner = _owner_node(attribute) or tunnel_handle_node(attribute.get("handle_id"))
+            owners[ordinal] = sys.intern(owner) if owner else None
+    return affinity_host(data), owners
 
 
 def block_data(block: IpamBlock) -> JsonObject:
@@ -179,8 +198,6 @@ class IpamIndex:
     blocks: dict[str, IpamBlock] = field(default_factory=dict)
     handles: Mapping[str, IpamHandle] = field(default_factory=dict)
     owned: dict[str, dict[str, set[int]]] = field(default_factory=lambda: defaultdict(dict))
-    # Per block, each allocated ordinal's node (None when the allocation names none).
-    allocated: dict[str, dict[int, str | None]] = field(default_factory=dict)
     affine: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     malformed_networks: list[IpNetwork] = field(default_factory=list)
     _by_network: dict[IpNetwork, str] = field(default_factory=dict)
@@ -208,17 +225,9 @@ class IpamIndex:
         self.blocks[block.cidr] = block
         self._by_network[network] = block.cidr
         self._prefix_lengths.add((network.version, network.prefixlen))
-        data = block_data(block)  # parsed here and dropped: 5,000 parsed blocks would cost ~100 MB
-        host = affinity_host(data)
-        if host is not None:
-            self.affine[host].append(block.cidr)
-        allocated = self.allocated[block.cidr] = {}
-        for ordinal, position in enumerate(data["allocations"]):
-            if position is None:
-                continue
-            attribute = data["attributes"][position]
-            allocated[ordinal] = _owner_node(attribute)
-            owner = allocated[ordinal] or tunnel_handle_node(attribute.get("handle_id"))
+        if block.affine_host is not None:
+            self.affine[block.affine_host].append(block.cidr)
+        for ordinal, owner in block.owners.items():
             if owner is not None:
                 self.owned[owner].setdefault(block.cidr, set()).add(ordinal)
 
@@ -270,8 +279,8 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> dict[str, set[int]]:
         if located is None:
             continue
         cidr, ordinal = located
-        allocated = index.allocated[cidr]
-        if ordinal in allocated and allocated[ordinal] in (None, host.name):
+        owners = index.blocks[cidr].owners
+        if ordinal in owners and owners[ordinal] in (None, host.name):
             targets.setdefault(cidr, set()).add(ordinal)
     return targets
 

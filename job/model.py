@@ -46,10 +46,14 @@ class BlockAffinity:
 
 @dataclass(frozen=True, slots=True)
 class IpamBlock:
-    """A block as read (shape already checked); its JSON is parsed where it is used."""
+    """A block as read, its shape checked. The JSON is parsed again only for blocks a release
+    edits; the summary is what indexing needs: the affine host and each allocated ordinal's node.
+    """
 
     item: StoredItem
     cidr: str
+    affine_host: str | None = None
+    owners: Mapping[int, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

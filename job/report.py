@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections import Counter
@@ -125,17 +126,25 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
 
 
 def write(report: dict[str, Any], path: Path | None, stdout: TextIO | None = None) -> None:
-    """To stdout, and atomically to `path` when given."""
-    text = json.dumps(report, indent=2)
+    """To stdout, and atomically to `path` when given.
+
+    Streamed, never held as one string: a report of hundreds of deleted hosts carries every
+    value they had and runs to tens of megabytes.
+    """
     out = stdout or sys.stdout
-    out.write(text + "\n")
-    out.flush()
-    if path is not None:
+    if path is None:
+        json.dump(report, out, indent=2)
+    else:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(handle, "w") as out:
-            out.write(text + "\n")
+        with os.fdopen(handle, "w") as file:
+            json.dump(report, file, indent=2)
+            file.write("\n")
         os.replace(temporary, path)
+        with path.open() as file:
+            shutil.copyfileobj(file, out)
+    out.write("\n" if path is None else "")
+    out.flush()
 
 
 def summary_line(report: dict[str, Any]) -> str:

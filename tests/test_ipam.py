@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from job.datastores.etcdv3 import build_inventory
+import pytest
+
+from job.datastores.etcdv3 import _top_level_spec, build_inventory
 from job.ipam import block_shape_problem, decrement_handle, is_empty, release, without_affinity
 from job.model import StoredItem
 from job.plan import build_index, host_steps
@@ -200,3 +202,19 @@ def test_handles_of_released_ips_are_deleted_or_decremented() -> None:
         "block": {"10.9.0.0/26": 1},
         "deleted": False,
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"kind":"WorkloadEndpoint","metadata":{"name":"w"},"spec":{"node":"n1"}}', {"node": "n1"}),
+        ('{"metadata":{"labels":{"spec":"x"}},"spec":{"node":"n1"}}', {"node": "n1"}),
+        ('{"spec":{"node":"n1"},"metadata":{"labels":{"spec":"x"}}}', None),
+        ('{"spec":{"node":"n1"},"metadata":{"annotations":{"spec":{"node":"n2"}}}}', None),
+        ('{"metadata":{"annotations":{"a":"\\"spec\\":{}"}},"spec":{"node":"n1"}}', {"node": "n1"}),
+        ('{"spec": {"node": "n1"} }', None),
+        ("not json", None),
+    ],
+)
+def test_top_level_spec_is_taken_only_when_it_is_certainly_the_top_level_member(text: str, expected: object) -> None:
+    assert _top_level_spec(text) == expected

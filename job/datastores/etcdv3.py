@@ -11,9 +11,11 @@ import binascii
 import gc
 import ipaddress
 import json
+import queue
+import sys
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +31,7 @@ from etcd3gw.exceptions import (
 
 from job.config import Config, EtcdEndpoint
 from job.datastores.base import DatastoreError
-from job.ipam import block_shape_problem
+from job.ipam import block_shape_problem, summarize_block
 from job.model import (
     BlockAffinity,
     CalicoHost,
@@ -75,6 +77,9 @@ PREFIXES = (
     HANDLES,
     FELIX_STATUS,
 )
+# The two large prefixes get a worker each; the small ones share one.
+READ_GROUPS = ((WORKLOAD_ENDPOINTS,), (HANDLES,), tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, HANDLES)))
+READ_QUEUE_PAGES = 2
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
     ("ipv4VXLANTunnelAddr",),
@@ -105,6 +110,27 @@ def _dig(value: Any, *path: str) -> Any:
     for name in path:
         value = value.get(name) if isinstance(value, dict) else None
     return value
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _top_level_spec(text: str) -> Any:
+    """The top-level `spec` of a resource, decoding nothing else; None when unsure.
+
+    Calico (Go's encoding/json) writes `spec` as the last member, after a `metadata` that often
+    outweighs it (pod labels). The result is used only if it runs exactly to the closing brace
+    of the whole document, i.e. it was the top-level object's last member; else the caller
+    parses the whole value.
+    """
+    start = text.rfind('"spec":')
+    if start < 0:
+        return None
+    try:
+        spec, end = _DECODER.raw_decode(text, start + len('"spec":'))
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) and text[end:].strip() == "}" else None
 
 
 def _bare_ip(text: Any) -> str | None:
@@ -165,7 +191,9 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
         if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
             collected.problem("unknown_key", key, "not a workload endpoint key")
             return
-        spec = _dig(collected.json(item), "spec")
+        spec = _top_level_spec(item.value or "")
+        if spec is None:
+            spec = _dig(collected.json(item), "spec")
         node = _dig(spec, "node")
         if not isinstance(node, str) or not node:
             if spec is not None:
@@ -175,6 +203,7 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
         # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
         ips = tuple(n.split("/", 1)[0] for n in (networks if isinstance(networks, list) else []) if isinstance(n, str))
         # The value is dropped (100,000 endpoints would hold ~100 MB): see Datastore.values_at.
+        node = sys.intern(node)
         collected.endpoints[node].append(WorkloadEndpoint(StoredItem(item.key, item.revision, None), node, ips))
     elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
         prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
@@ -220,14 +249,13 @@ def _collect_block(collected: _Collected, item: StoredItem) -> None:
     if value is None:
         collected.malformed_blocks.append(cidr)
         return
-    problem = block_shape_problem(value)
-    if problem is None and _cidr_from_key(str(value["cidr"]).replace("/", "-")) != cidr:
-        problem = f"block cidr {value['cidr']!r} does not match its key"
+    problem = block_shape_problem(value, cidr)
     if problem is not None:
         collected.malformed_blocks.append(cidr)
         collected.problem("malformed_value", item.key, problem)
         return
-    collected.blocks.append(IpamBlock(item, cidr))
+    affine_host, owners = summarize_block(value)
+    collected.blocks.append(IpamBlock(item, cidr, affine_host, owners))
 
 
 def _collect_affinity(collected: _Collected, item: StoredItem) -> None:
@@ -248,9 +276,10 @@ def _host(name: str, node: StoredItem, collected: _Collected) -> CalicoHost:
         name,
         node,
         None,
-        workload_endpoints=tuple(collected.endpoints.pop(name, ())),
-        affinities=tuple(collected.affinities.pop(name, ())),
-        owned=tuple(collected.owned.pop(name, ())),
+        # Sorted by key: prefixes are read side by side, so arrival order is not stable.
+        workload_endpoints=tuple(sorted(collected.endpoints.pop(name, ()), key=lambda e: e.item.key)),
+        affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
+        owned=tuple(sorted(collected.owned.pop(name, ()), key=lambda i: i.key)),
         felix_alive=name in collected.felix_alive,
     )
     value = collected.json(node)
@@ -295,7 +324,7 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
         handles=collected.handles,
         malformed_blocks=tuple(collected.malformed_blocks),
         cluster=collected.cluster,
-        problems=tuple(collected.problems),
+        problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
         revision=revision(),
     )
 
@@ -335,22 +364,36 @@ class EtcdV3Datastore:
         client_factory: Callable[[EtcdEndpoint, Config], Etcd3Client] = _client,
     ) -> None:
         self._endpoints = config.etcd_endpoints
-        self._clients = [client_factory(endpoint, config) for endpoint in self._endpoints]
+        self._config = config
+        self._client_factory = client_factory
+        self._local = threading.local()  # one HTTP session per thread: requests.Session is not thread-safe
+        self._all_clients: list[Etcd3Client] = []
+        self._clients_lock = threading.Lock()
         self._current = 0
         self._retry = retry
         self._page_size = config.page_size
+
+    def _clients(self) -> list[Etcd3Client]:
+        clients: list[Etcd3Client] | None = getattr(self._local, "clients", None)
+        if clients is None:
+            clients = [self._client_factory(endpoint, self._config) for endpoint in self._endpoints]
+            self._local.clients = clients
+            with self._clients_lock:
+                self._all_clients.extend(clients)
+        return clients
 
     def describe(self) -> dict[str, object]:
         return {"type": self.type, "endpoints": [endpoint.url for endpoint in self._endpoints]}
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         def attempt() -> dict[str, Any]:
-            client = self._clients[self._current]
+            clients = self._clients()
+            client = clients[self._current % len(clients)]
             try:
                 response: dict[str, Any] = client.post(client.get_url(path), json=body)
                 return response
             except TRANSIENT_ERRORS:
-                self._current = (self._current + 1) % len(self._clients)  # try the next endpoint
+                self._current = (self._current + 1) % len(clients)  # try the next endpoint
                 raise
 
         try:
@@ -367,36 +410,69 @@ class EtcdV3Datastore:
         return self._post("/kv/range", body)
 
     def scan(self, prefix: str, revision: int | None = None) -> Iterator[tuple[list[dict[str, Any]], int]]:
-        """Pages of raw key-values under `prefix`, all at one revision (the first page's).
-
-        The next page is requested before this one is handed out, so that etcd serialises it
-        while the caller parses: the read then costs little more than the wait for etcd.
-        """
+        """Pages of raw key-values under `prefix`, all at one revision (the first page's)."""
         end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="etcd-prefetch") as prefetch:
-            pending: Future[dict[str, Any]] | None = prefetch.submit(self._range, prefix, end, revision)
-            while pending is not None:
-                response = pending.result()
-                revision = int(response["header"]["revision"])
-                kvs = response.get("kvs", [])
-                more = bool(response.get("more")) and bool(kvs) and end is not None
-                pending = prefetch.submit(self._range, _unb64(kvs[-1]["key"]) + "\0", end, revision) if more else None
-                yield kvs, revision
+        start = prefix
+        while True:
+            response = self._range(start, end, revision)
+            revision = int(response["header"]["revision"])
+            kvs = response.get("kvs", [])
+            yield kvs, revision
+            if not (response.get("more") and kvs and end is not None):
+                return
+            start = _unb64(kvs[-1]["key"]) + "\0"
 
-    def _items(self, pinned: list[int]) -> Iterator[StoredItem]:
-        """Every key of every prefix, page by page, all at the revision of the first page."""
-        for prefix in PREFIXES:
-            for kvs, revision in self.scan(prefix, pinned[0] if pinned else None):
-                pinned[:] = [revision]
-                for kv in kvs:
-                    yield StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
+    def _items(self, revision: int) -> Iterator[StoredItem]:
+        """Every key of every prefix at `revision`, the prefixes scanned side by side.
+
+        Within a prefix pages must follow one another; across prefixes they need not, so the
+        large prefixes are scanned by their own workers while this thread files the pages: etcd
+        serialises the next pages while Python parses this one. At most READ_QUEUE_PAGES pages
+        wait in memory.
+        """
+        pages: queue.Queue[list[dict[str, Any]] | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
+        stop = threading.Event()
+
+        def deliver(page: list[dict[str, Any]] | BaseException | None) -> None:
+            while not stop.is_set():
+                try:
+                    pages.put(page, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        def scan_all(prefixes: tuple[str, ...]) -> None:
+            try:
+                for prefix in prefixes:
+                    for kvs, _ in self.scan(prefix, revision):
+                        deliver(kvs)
+                deliver(None)
+            except BaseException as error:  # handed to the reading thread, which raises it
+                deliver(error)
+
+        for group in READ_GROUPS:
+            threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
+        try:
+            running = len(READ_GROUPS)
+            while running:
+                page = pages.get()
+                if page is None:
+                    running -= 1
+                elif isinstance(page, BaseException):
+                    raise page
+                else:
+                    for kv in page:
+                        yield StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
+        finally:
+            stop.set()
 
     def read(self) -> Inventory:
-        pinned: list[int] = []
+        # One revision for every prefix: a consistent snapshot of the whole datastore.
+        revision = int(self._range(CLUSTER_INFORMATION, None, None)["header"]["revision"])
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
         try:
-            inventory = build_inventory(self._items(pinned), lambda: pinned[0] if pinned else 0)
+            inventory = build_inventory(self._items(revision), lambda: revision)
         finally:
             gc.enable()
         log.info(
@@ -436,5 +512,6 @@ class EtcdV3Datastore:
         return bool(response.get("succeeded", False))
 
     def close(self) -> None:
-        for client in self._clients:
-            client.session.close()
+        with self._clients_lock:
+            for client in self._all_clients:
+                client.session.close()
