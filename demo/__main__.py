@@ -19,7 +19,7 @@ from typing import Any
 from tests.support import calico
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
-from tests.support.scenario import kops_cluster
+from tests.support.scenario import CONFLICT_ORPHAN, LIVE, NEW_NODE, kops_cluster
 
 RUNS = [
     ("1. dry run (the default): nothing is written to etcd", []),
@@ -29,6 +29,61 @@ RUNS = [
         ["--apply", "--grace-period", "0s", "--unreferenced", "match-name"],
     ),
 ]
+
+
+def broken_node_findings(kubeapi: KubeApiServer) -> None:
+    """The new node's calico-node crash-loops on the orphan's IP; a fail-closed webhook is down."""
+    node = kubeapi.get("/api/v1/nodes", NEW_NODE)
+    assert node is not None
+    node["status"]["conditions"] = [
+        {
+            "type": "NetworkUnavailable",
+            "status": "True",
+            "reason": "NoRouteCreated",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    ]
+    for name, ready in [(n, True) for n in LIVE] + [(NEW_NODE, False)]:
+        pod = f"calico-node-{name.split('.')[0][-2:]}"
+        container = {
+            "name": "calico-node",
+            "ready": ready,
+            "restartCount": 0 if ready else 14,
+            "state": {"running": {}} if ready else {"waiting": {"reason": "CrashLoopBackOff"}},
+        }
+        kubeapi.put(
+            "/api/v1/namespaces/kube-system/pods",
+            {
+                "metadata": {"name": pod, "namespace": "kube-system", "labels": {"k8s-app": "calico-node"}},
+                "spec": {"nodeName": name},
+                "status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": str(ready)}],
+                    "containerStatuses": [container],
+                },
+            },
+        )
+        if not ready:
+            kubeapi.logs[("kube-system", pod)] = (
+                f"2026-11-30 05:00:01.000 [WARNING][9] startup/startup.go 1021: Calico node '{CONFLICT_ORPHAN}' "
+                "is already using the IPv4 address 10.0.1.13.\n"
+            )
+    kubeapi.put(
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+        {
+            "metadata": {"name": "policy-engine"},
+            "webhooks": [
+                {
+                    "name": "pods.policy.example.com",
+                    "failurePolicy": "Fail",
+                    "clientConfig": {"service": {"namespace": "policy", "name": "policy-webhook"}},
+                    "rules": [
+                        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                    ],
+                }
+            ],
+        },
+    )
 
 
 def show(title: str, report: dict[str, Any], code: int, keys_before: int, keys_after: int) -> None:
@@ -44,6 +99,10 @@ def show(title: str, report: dict[str, Any], code: int, keys_before: int, keys_a
         keys = f", {len(host['changes'])} keys" if host["changes"] else ""
         flag = " [IP conflict]" if host["conflict"] else ""
         print(f"   {host['name']:<36} {host['action']:<14} {host['reason']}{keys}{flag}")
+    health = report["health"]
+    print(f"   health: {health['status']} {json.dumps({k: v for k, v in health['summary'].items() if v})}")
+    for advice in health["recommendations"]:
+        print(f"     - {advice}")
 
 
 def main() -> int:
@@ -57,6 +116,7 @@ def main() -> int:
         calico.load(etcd.url, scenario.seed.keys)
         for name, ip in scenario.k8s_nodes:
             kubeapi.add_node(name, ip)
+        broken_node_findings(kubeapi)
         print(
             f"etcd {etcd.url} seeded with {len(scenario.seed.keys)} Calico keys; "
             f"Kubernetes API test server {kubeapi.url} with {len(scenario.k8s_nodes)} Nodes"

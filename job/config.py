@@ -236,6 +236,62 @@ OPTIONS: tuple[Option, ...] = (
         "Log level of the JSON logs on stderr.",
         choices=("debug", "info", "warning", "error"),
     ),
+    Option(
+        "--network-unavailable-threshold",
+        "CALICO_GC_NETWORK_UNAVAILABLE_THRESHOLD",
+        "5m",
+        "A node NetworkUnavailable (condition or taint) for longer is stuck; shorter is transient.",
+        metavar="DURATION",
+    ),
+    Option(
+        "--restart-threshold",
+        "CALICO_GC_RESTART_THRESHOLD",
+        "5",
+        "A calico-node pod that is not ready with this many restarts is crash-looping.",
+        metavar="N",
+    ),
+    Option(
+        "--calico-node-namespaces",
+        "CALICO_GC_CALICO_NODE_NAMESPACES",
+        "kube-system,calico-system",
+        "Namespaces where calico-node pods run (manifest installs and the operator).",
+        metavar="LIST",
+    ),
+    Option(
+        "--calico-node-selector",
+        "CALICO_GC_CALICO_NODE_SELECTOR",
+        "k8s-app=calico-node",
+        "Label selector of the calico-node pods.",
+        metavar="SELECTOR",
+    ),
+    Option(
+        "--log-tail-lines",
+        "CALICO_GC_LOG_TAIL_LINES",
+        "200",
+        "Lines read from the end of a crash-looping calico-node's previous log.",
+        metavar="N",
+    ),
+    Option(
+        "--fail-on",
+        "CALICO_GC_FAIL_ON",
+        "never",
+        "Exit 5 when network health is at or above this level, so that Job-failed alerts fire.",
+        choices=("never", "degraded", "critical"),
+    ),
+    Option(
+        "--pushgateway",
+        "CALICO_GC_PUSHGATEWAY",
+        None,
+        "Push the run's metrics to this Prometheus Pushgateway URL (a failed push only warns).",
+        metavar="URL",
+    ),
+    Option(
+        "--cluster-name",
+        "CALICO_GC_CLUSTER_NAME",
+        None,
+        "The cluster label of pushed metrics (default: the Calico cluster GUID).",
+        metavar="NAME",
+    ),
 )
 
 
@@ -266,6 +322,14 @@ class Config:
     retry_attempts: int = 6
     retry_timeout: timedelta = timedelta(seconds=60)
     log_level: str = "info"
+    network_unavailable_threshold: timedelta = timedelta(minutes=5)
+    restart_threshold: int = 5
+    calico_node_namespaces: tuple[str, ...] = ("kube-system", "calico-system")
+    calico_node_selector: str = "k8s-app=calico-node"
+    log_tail_lines: int = 200
+    fail_on: str = "never"
+    pushgateway: str | None = None
+    cluster_name: str | None = None
 
     def is_excluded(self, host: str) -> bool:
         return any(re.fullmatch(pattern, host) for pattern in self.exclude)
@@ -314,6 +378,15 @@ def _int(name: str, text: str, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
     return value
+
+
+def _pushgateway(text: str | None) -> str | None:
+    if not text:
+        return None
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--pushgateway: expected an http(s) URL, got {text!r}")
+    return text.rstrip("/")
 
 
 def _path(text: str | None) -> Path | None:
@@ -403,4 +476,12 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         retry_attempts=_int("--retry-attempts", text("retry_attempts"), 1),
         retry_timeout=parse_duration(text("retry_timeout")),
         log_level=text("log_level"),
+        network_unavailable_threshold=parse_duration(text("network_unavailable_threshold")),
+        restart_threshold=_int("--restart-threshold", text("restart_threshold"), 1),
+        calico_node_namespaces=tuple(n.strip() for n in text("calico_node_namespaces").split(",") if n.strip()),
+        calico_node_selector=text("calico_node_selector"),
+        log_tail_lines=_int("--log-tail-lines", text("log_tail_lines"), 1),
+        fail_on=text("fail_on"),
+        pushgateway=_pushgateway(optional("pushgateway")),
+        cluster_name=optional("cluster_name"),
     )

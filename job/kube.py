@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,12 +20,16 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from job.config import Config
-from job.model import KubeNode
+from job.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
+from job.model import KubeNode, NetworkUnavailable
 from job.retry import RetryPolicy
 
 log = structlog.get_logger("calico_gc.kube")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
+NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
+CALICO_NODE_CONTAINER = "calico-node"
+WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 REQUEST_TIMEOUT_S = 30
 
 
@@ -94,9 +98,14 @@ class Kube:
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """One API call with retries; a non-2xx answer raises ApiException (with its status)."""
+        data: dict[str, Any] = json.loads(self._request_text(method, path, query, body))
+        return data
 
-        def attempt() -> dict[str, Any]:
-            headers = {"Accept": "application/json"}
+    def _request_text(
+        self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
+    ) -> str:
+        def attempt() -> str:
+            headers = {"Accept": "application/json, */*"}
             if body is not None:
                 headers["Content-Type"] = "application/json"
             _, url, headers, payload, _ = self._api.param_serialize(
@@ -113,28 +122,34 @@ class Kube:
             raw: bytes = response.read()
             if not 200 <= response.status <= 299:
                 raise ApiException.from_response(http_resp=response, body=raw.decode(errors="replace"), data=None)
-            data: dict[str, Any] = json.loads(raw)
-            return data
+            return raw.decode(errors="replace")
 
         return self._retry.call(attempt, is_transient)
 
-    def list_nodes(self) -> tuple[KubeNode, ...]:
-        """All Nodes, paged; a 410 (expired continue token) restarts the listing."""
+    def _list(self, path: str, query: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every item of a collection, paged; a 410 (expired continue token) restarts it."""
         for _ in range(MAX_LIST_RESTARTS):
-            nodes: list[KubeNode] = []
+            items: list[dict[str, Any]] = []
             token: str | None = None
             try:
                 while True:
-                    page = self._request("GET", "/api/v1/nodes", {"limit": self._page_size, "continue": token})
-                    nodes.extend(_kube_node(item) for item in page.get("items") or [])
+                    page = self._request("GET", path, {**(query or {}), "limit": self._page_size, "continue": token})
+                    items.extend(page.get("items") or [])
                     token = (page.get("metadata") or {}).get("continue") or None
                     if token is None:
-                        return tuple(nodes)
+                        return items
             except ApiException as error:
                 if error.status != 410:
-                    raise KubeError(f"listing Nodes failed: HTTP {error.status} {error.reason}") from error
-                log.warning("node_list_restarted", reason="continue token expired (410)")
-        raise KubeError(f"listing Nodes kept expiring ({MAX_LIST_RESTARTS} restarts)")
+                    raise
+                log.warning("list_restarted", path=path, reason="continue token expired (410)")
+        raise KubeError(f"listing {path} kept expiring ({MAX_LIST_RESTARTS} restarts)")
+
+    def list_nodes(self) -> tuple[KubeNode, ...]:
+        """All Nodes, with their addresses and network-unavailable state."""
+        try:
+            return tuple(_kube_node(item) for item in self._list("/api/v1/nodes"))
+        except ApiException as error:
+            raise KubeError(f"listing Nodes failed: HTTP {error.status} {error.reason}") from error
 
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
@@ -232,6 +247,75 @@ class Kube:
         except ApiException as error:
             log.warning("lease_release_failed", status=error.status)
 
+    # Network health (read-only)
+
+    def read_health(self, config: Config) -> HealthInputs:
+        """Everything the diagnosis needs; a check the job may not read becomes `skipped: forbidden`."""
+        inputs = HealthInputs()
+        try:
+            pods = [
+                _calico_node_pod(item)
+                for namespace in config.calico_node_namespaces
+                for item in self._list(
+                    f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": config.calico_node_selector}
+                )
+            ]
+            inputs.pods = tuple(self._with_previous_log(pod, config) for pod in pods)
+        except ApiException as error:
+            inputs.pods = None
+            inputs.checks["calico_node"] = _skipped(error)
+        try:
+            hooks = [
+                hook
+                for kind, plural in WEBHOOK_KINDS
+                for configuration in self._list(f"/apis/admissionregistration.k8s.io/v1/{plural}")
+                for hook in _webhooks(configuration, kind)
+            ]
+            inputs.webhooks = tuple(hooks)
+            inputs.ready_endpoints = {
+                hook.service: self._ready_endpoints(*hook.service)
+                for hook in hooks
+                if hook.service and hook.failure_policy == "Fail"
+            }
+        except ApiException as error:
+            inputs.webhooks = None
+            inputs.checks["webhooks"] = _skipped(error)
+        return inputs
+
+    def _with_previous_log(self, pod: CalicoNodePod, config: Config) -> CalicoNodePod:
+        if not is_crash_looping(pod, config.restart_threshold):
+            return pod
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/log"
+        query = {"container": CALICO_NODE_CONTAINER, "previous": "true", "tailLines": config.log_tail_lines}
+        try:
+            text = self._request_text("GET", path, query)
+        except ApiException as error:
+            if error.status not in (400, 403, 404):  # 400: no previous container yet
+                raise
+            text = None
+        return replace(pod, previous_log=text)
+
+    def _ready_endpoints(self, namespace: str, service: str) -> int | None:
+        """Ready endpoints behind a Service, from its EndpointSlices; None when not allowed to look."""
+        try:
+            slices = self._list(
+                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+                {"labelSelector": f"kubernetes.io/service-name={service}"},
+            )
+        except ApiException as error:
+            if error.status == 403:
+                return None
+            raise
+        return sum(
+            1 for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready") is not False
+        )
+
+
+def _skipped(error: ApiException) -> str:
+    """Health is read-only help: a check that cannot be read is skipped, never a failed run."""
+    log.warning("health_check_skipped", status=error.status, reason=error.reason)
+    return FORBIDDEN if error.status == 403 else f"skipped: HTTP {error.status}"
+
 
 @dataclass(frozen=True)
 class LeaseLock:
@@ -249,8 +333,74 @@ class LeaseLock:
 
 
 def _kube_node(item: dict[str, Any]) -> KubeNode:
-    addresses = (item.get("status") or {}).get("addresses") or []
+    status = item.get("status") or {}
+    addresses = status.get("addresses") or []
     internal = tuple(
         a["address"] for a in addresses if isinstance(a, dict) and a.get("type") == "InternalIP" and a.get("address")
     )
-    return KubeNode(str((item.get("metadata") or {}).get("name", "")), internal)
+    condition = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == "NetworkUnavailable" and c.get("status") == "True"
+        ),
+        None,
+    )
+    taint = next(
+        (t for t in (item.get("spec") or {}).get("taints") or [] if t.get("key") == NETWORK_UNAVAILABLE_TAINT), None
+    )
+    unavailable = None
+    if condition or taint:
+        unavailable = NetworkUnavailable(
+            since=(condition or {}).get("lastTransitionTime") or (taint or {}).get("timeAdded"),
+            reason=(condition or {}).get("reason"),
+            message=(condition or {}).get("message"),
+            condition=condition is not None,
+            taint_added=(taint or {}).get("timeAdded") if taint else None,
+        )
+    return KubeNode(str((item.get("metadata") or {}).get("name", "")), internal, unavailable)
+
+
+def _calico_node_pod(item: dict[str, Any]) -> CalicoNodePod:
+    metadata, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    container = next(
+        (c for c in containers if c.get("name") == CALICO_NODE_CONTAINER), containers[0] if containers else {}
+    )
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    terminated = (container.get("lastState") or {}).get("terminated") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return CalicoNodePod(
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata.get("name", "")),
+        node=spec.get("nodeName"),
+        phase=status.get("phase"),
+        ready=ready,
+        restarts=int(container.get("restartCount") or 0),
+        waiting_reason=waiting.get("reason"),
+        last_exit_code=terminated.get("exitCode"),
+        last_reason=terminated.get("reason"),
+        last_finished_at=terminated.get("finishedAt"),
+        labels=metadata.get("labels") or {},
+    )
+
+
+def _webhooks(configuration: dict[str, Any], kind: str) -> list[Webhook]:
+    found = []
+    for hook in configuration.get("webhooks") or []:
+        service = (hook.get("clientConfig") or {}).get("service")
+        found.append(
+            Webhook(
+                configuration=str((configuration.get("metadata") or {}).get("name", "")),
+                name=str(hook.get("name", "")),
+                kind=kind,
+                failure_policy=hook.get("failurePolicy") or "Fail",
+                rules=hook.get("rules") or [],
+                namespace_selector=hook.get("namespaceSelector"),
+                object_selector=hook.get("objectSelector"),
+                service=(service.get("namespace", "default"), service["name"])
+                if service and service.get("name")
+                else None,
+            )
+        )
+    return found

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
+
+
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to sys.stderr as it is at each event, not as it was at set-up (tests swap it)."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        pass
 
 
 def configure(level: str = "info") -> None:
@@ -30,7 +43,7 @@ def configure(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderr()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -110,9 +110,21 @@ class Inventory:
 
 
 @dataclass(frozen=True, slots=True)
+class NetworkUnavailable:
+    """Why a Node counts as network-unavailable: its condition is True, or it has the taint."""
+
+    since: str | None
+    reason: str | None = None
+    message: str | None = None
+    condition: bool = False
+    taint_added: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class KubeNode:
     name: str
     internal_ips: tuple[str, ...] = ()
+    network_unavailable: NetworkUnavailable | None = None
 
 
 class Action(StrEnum):
@@ -180,7 +192,7 @@ class Plan:
     guards: tuple[GuardFinding, ...]
     next_grace_state: Mapping[str, datetime]
     live_hosts: int
-    orphans: int
+    orphans: frozenset[str]
 
     @property
     def refused(self) -> bool:

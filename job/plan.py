@@ -5,7 +5,7 @@ orphan is removed. A function of what was read, the clock and the grace state; n
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -78,7 +78,7 @@ def _classify(
 
 
 def find_conflicts(
-    hosts: Sequence[CalicoHost], orphan_names: set[str], kube_nodes: Sequence[KubeNode], config: Config
+    hosts: Sequence[CalicoHost], orphan_names: Set[str], kube_nodes: Sequence[KubeNode], config: Config
 ) -> tuple[IpConflict, ...]:
     """IPs held by an orphan that a live node or another host also claims."""
     nodes_by_ip: dict[str, set[str]] = defaultdict(set)
@@ -192,11 +192,21 @@ def plan_run(
     grace_state: Mapping[str, datetime],
     now: datetime,
     config: Config,
+    reported_conflicts: Sequence[IpConflict] = (),
 ) -> Plan:
-    """Decide every Calico host that is not live; deterministic for the same inputs."""
+    """Decide every Calico host that is not live; deterministic for the same inputs.
+
+    `reported_conflicts` are conflicts a crash-looping calico-node named in its log; those
+    that name an orphan count like the ones found from addresses.
+    """
     k8s_names = {node.name for node in kube_nodes}
     orphans, decisions, live = _classify(inventory.hosts, k8s_names, config)
-    conflicts = find_conflicts(inventory.hosts, {o.host.name for o in orphans}, kube_nodes, config)
+    orphan_names = frozenset(o.host.name for o in orphans)
+    found = find_conflicts(inventory.hosts, orphan_names, kube_nodes, config)
+    seen = {(c.ip, c.orphan, c.blocks) for c in found}
+    conflicts = found + tuple(
+        c for c in reported_conflicts if c.orphan in orphan_names and (c.ip, c.orphan, c.blocks) not in seen
+    )
     conflicted = {c.orphan for c in conflicts if c.orphan is not None}
     guards = check_guards(inventory, kube_nodes, len(orphans), config)
     index = build_index(inventory)
@@ -234,7 +244,7 @@ def plan_run(
         else:
             decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
     decisions.sort(key=lambda d: d.host.name)
-    return Plan(tuple(decisions), conflicts, guards, next_state, live, len(orphans))
+    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names)
 
 
 def replan_host(inventory: Inventory, previous: HostDecision) -> HostDecision | None:

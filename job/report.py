@@ -40,6 +40,7 @@ class RunRecord:
     decisions: Sequence[HostDecision] = ()
     errors: list[dict[str, str]] = field(default_factory=list)
     outcome: str = "ok"
+    health: dict[str, Any] | None = None
 
     def error(self, kind: str, message: str, key: str | None = None) -> None:
         self.errors.append({"kind": kind, "message": message, **({"key": key} if key else {})})
@@ -89,7 +90,7 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
     summary: dict[str, Any] = {
         "calico_hosts": (plan.live_hosts + len(plan.decisions)) if plan else None,
         "live": plan.live_hosts if plan else None,
-        "orphaned": plan.orphans if plan else None,
+        "orphaned": len(plan.orphans) if plan else None,
         **{str(action): actions.get(str(action), 0) for action in Action},
         "conflicts": len(plan.conflicts) if plan else 0,
         "errors": len(record.errors),
@@ -122,6 +123,7 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
         else [],
         "errors": record.errors,
         "hosts": [_host(d) for d in record.decisions],
+        "health": record.health,
     }
 
 

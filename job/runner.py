@@ -17,7 +17,9 @@ import structlog
 from job.apply import NodeChecker, apply_plan, fill_before
 from job.config import Config
 from job.datastores.base import Datastore, DatastoreError
+from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.kube import Conflict, KubeError
+from job.metrics import push
 from job.model import Action, KubeNode
 from job.plan import plan_run
 from job.report import RunRecord, build
@@ -32,6 +34,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     REFUSED = 3
     PARTIAL_FAILURE = 4
+    UNHEALTHY = 5
 
 
 class Lock(Protocol):
@@ -44,6 +47,8 @@ class Lock(Protocol):
 
 class NodeSource(NodeChecker, Protocol):
     def list_nodes(self) -> tuple[KubeNode, ...]: ...
+
+    def read_health(self, config: Config) -> HealthInputs: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,18 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         log.exception("unexpected_error")
         record.error("unexpected", f"{type(error).__name__}: {error}")
         record.outcome, code = "error", ExitCode.ERROR
-    report = build(record, deps.clock(), int(code))
+    if code == ExitCode.OK and record.health and at_or_above(record.health["status"], config.fail_on):
+        log.warning("unhealthy", status=record.health["status"], fail_on=config.fail_on)
+        record.outcome, code = "unhealthy", ExitCode.UNHEALTHY
+    finished = deps.clock()
+    report = build(record, finished, int(code))
+    if config.pushgateway:
+        cluster = config.cluster_name or record.datastore.get("cluster_guid") or "unknown"
+        duration = (finished - record.started_at).total_seconds()
+        failure = push(config.pushgateway, str(cluster), report, duration, succeeded=code == ExitCode.OK)
+        if failure:
+            report["errors"].append({"kind": "metrics_push", "message": failure})
+            report["summary"]["errors"] += 1
     log.info("run_finished", outcome=record.outcome, exit_code=int(code), summary=report["summary"])
     return report, int(code)
 
@@ -106,6 +122,7 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     kube_nodes = deps.nodes.list_nodes()
     record.k8s_node_count = len(kube_nodes)
+    health_inputs = deps.nodes.read_health(config)
     inventory = deps.datastore.read()
     record.datastore.update(
         cluster_guid=inventory.cluster.guid,
@@ -118,8 +135,22 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     except KubeError as error:
         record.error("grace_state", f"could not read grace state, every wait restarts: {error}")
         grace_state = {}
-    plan = plan_run(inventory, kube_nodes, grace_state, deps.clock(), config)
+    now = deps.clock()
+    plan = plan_run(inventory, kube_nodes, grace_state, now, config)
+    reported = log_conflicts(health_inputs.pods or (), set(plan.orphans), config.restart_threshold)
+    if reported:  # a crash-looping calico-node named an orphan: it gets the conflict grace too
+        plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
+    record.health = diagnose(
+        health_inputs,
+        kube_nodes,
+        inventory.hosts,
+        set(plan.orphans),
+        now,
+        config.network_unavailable_threshold.total_seconds(),
+        config.restart_threshold,
+        config.calico_node_namespaces,
+    )
     record.plan, record.decisions = plan, plan.decisions
     for decision in plan.decisions:
         log.info(

@@ -35,7 +35,8 @@ REASONS = {
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
-    r"|/apis/[^/]+/[^/]+(?:/namespaces/(?P<ns2>[^/]+))?/(?P<plural2>[a-z]+))(?:/(?P<name>[^/]+))?$"
+    r"|/apis/[^/]+/[^/]+(?:/namespaces/(?P<ns2>[^/]+))?/(?P<plural2>[a-z]+))"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$"
 )
 
 
@@ -76,6 +77,7 @@ class KubeApiServer:
     faults: list[Fault] = field(default_factory=list)
     hooks: list[Hook] = field(default_factory=list)
     expired_tokens: bool = False
+    logs: dict[tuple[str, str], str] = field(default_factory=dict)  # previous container logs by (ns, pod)
     _revision: int = 100
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
@@ -160,7 +162,7 @@ class KubeApiServer:
         self._revision += 1
         return str(self._revision)
 
-    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str]:
         parts = urlsplit(raw_path)
         with self._lock:
             self.requests.append((method, parts.path))
@@ -180,6 +182,8 @@ class KubeApiServer:
             collection, name = route.group("collection"), route.group("name")
             plural = route.group("plural") or route.group("plural2")
             query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            if route.group("sub") == "log" and method == "GET":
+                return self._log(route.group("ns") or "", name or "", query)
             try:
                 payload = json.loads(body) if body else {}
             except ValueError:
@@ -231,8 +235,18 @@ class KubeApiServer:
             return 200, current
         return 405, status_body(405, "method not allowed")
 
+    def _log(self, namespace: str, pod: str, query: dict[str, str]) -> tuple[int, dict[str, Any] | str]:
+        text = self.logs.get((namespace, pod))
+        if text is None or query.get("previous") != "true":
+            return 400, status_body(400, f'previous terminated container "calico-node" in pod "{pod}" not found')
+        lines = text.splitlines()[-int(query.get("tailLines") or 10**9) :]
+        return 200, "\n".join(lines) + "\n"
+
     def _list(self, items: dict[str, dict[str, Any]], kind: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        names = sorted(items)
+        wanted = dict(pair.split("=", 1) for pair in query.get("labelSelector", "").split(",") if "=" in pair)
+        names = sorted(
+            n for n in items if all((items[n]["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+        )
         start = 0
         token = query.get("continue")
         if token:
@@ -264,9 +278,10 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
         def _respond(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             status, body = api.handle(self.command, self.path, self.rfile.read(length) if length else b"")
-            data = json.dumps(body).encode()
+            text = isinstance(body, str)
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain" if text else "application/json")
             self.send_header("Content-Length", str(len(data)))
             if status == 429:
                 self.send_header("Retry-After", "1")

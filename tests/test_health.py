@@ -1,0 +1,465 @@
+"""Network health diagnosis against the Kubernetes API test server, metrics pushed to a
+Pushgateway stand-in on loopback, and --fail-on exit codes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from job.cli import main
+from job.health import selector_matches
+from tests.conftest import Harness, hosts_by_name
+from tests.support import scenario as s
+from tests.support.kubeapi import KubeApiServer
+
+PODS = "/api/v1/namespaces/kube-system/pods"
+VALIDATING = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+V3_CONFLICT = (
+    "2026-11-30 11:58:01.123 [WARNING][9] startup/startup.go 1021: "
+    "Calico node '{holder}' is already using the IPv4 address {ip}."
+)
+V2_CONFLICT = (
+    "2026-11-30 11:58:01.123 [ERROR][9] startup.go 603: Calico node '{holder}' is already using the IPv4 address {ip}:"
+)
+API_TIMEOUT = (
+    "2026-11-30 11:58:01.123 [ERROR][9] startup/utils.go 43: Failed to set NetworkUnavailable; will retry "
+    'error=Patch "https://100.64.0.1:443/api/v1/nodes/{node}/status?timeout=2s": net/http: request canceled '
+    "(Client.Timeout exceeded while awaiting headers)"
+)
+
+
+def calico_pod(
+    kubeapi: KubeApiServer,
+    node: str,
+    *,
+    ready: bool = True,
+    restarts: int = 0,
+    waiting: str | None = None,
+    log: str | None = None,
+) -> str:
+    name = f"calico-node-{abs(hash(node)) % 100000:05d}"
+    container: dict[str, Any] = {
+        "name": "calico-node",
+        "ready": ready,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}},
+    }
+    if restarts:
+        container["lastState"] = {
+            "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-11-30T11:58:02Z"}
+        }
+    kubeapi.put(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "kube-system", "labels": {"k8s-app": "calico-node"}},
+            "spec": {"nodeName": node},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": str(ready)}],
+                "containerStatuses": [container],
+            },
+        },
+    )
+    if log is not None:
+        kubeapi.logs[("kube-system", name)] = log
+    return name
+
+
+def healthy_pods(harness: Harness, scenario: s.Scenario) -> None:
+    for name, _ in scenario.k8s_nodes:
+        calico_pod(harness.kubeapi, name)
+
+
+def network_unavailable(kubeapi: KubeApiServer, name: str, since: str, taint: bool = False) -> None:
+    node = kubeapi.get("/api/v1/nodes", name)
+    assert node is not None
+    if taint:
+        node.setdefault("spec", {})["taints"] = [
+            {"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule", "timeAdded": since}
+        ]
+    else:
+        node["status"]["conditions"] = [
+            {
+                "type": "NetworkUnavailable",
+                "status": "True",
+                "reason": "NoRouteCreated",
+                "message": "Node created without a route",
+                "lastTransitionTime": since,
+            }
+        ]
+
+
+def webhook(
+    kubeapi: KubeApiServer,
+    name: str,
+    *,
+    service: str = "gatekeeper",
+    policy: str = "Fail",
+    namespace_selector: dict[str, Any] | None = None,
+    resources: tuple[str, ...] = ("pods",),
+    operations: tuple[str, ...] = ("CREATE",),
+    mutating: bool = False,
+) -> None:
+    hook: dict[str, Any] = {
+        "name": f"{name}.example.com",
+        "failurePolicy": policy,
+        "clientConfig": {"service": {"namespace": "gatekeeper-system", "name": service}},
+        "rules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": list(operations), "resources": list(resources)}
+        ],
+    }
+    if namespace_selector is not None:
+        hook["namespaceSelector"] = namespace_selector
+    kubeapi.put(MUTATING if mutating else VALIDATING, {"metadata": {"name": name}, "webhooks": [hook]})
+
+
+def endpoints(kubeapi: KubeApiServer, service: str, ready: bool) -> None:
+    kubeapi.put(
+        "/apis/discovery.k8s.io/v1/namespaces/gatekeeper-system/endpointslices",
+        {
+            "metadata": {"name": f"{service}-abc", "labels": {"kubernetes.io/service-name": service}},
+            "endpoints": [{"addresses": ["100.96.0.9"], "conditions": {"ready": ready}}],
+        },
+    )
+
+
+def test_a_healthy_cluster_is_ok_with_no_findings(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    report, code = harness.run()
+    health = report["health"]
+    assert code == 0 and health["status"] == "ok"
+    assert health["network_unavailable"] == health["calico_node"] == health["webhooks"] == []
+    assert health["nodes_without_calico_node"] == [] and health["recommendations"] == []
+
+
+def test_network_unavailable_nodes_are_transient_or_stuck(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    network_unavailable(harness.kubeapi, s.LIVE[0], "2026-11-30T11:59:00Z")
+    network_unavailable(harness.kubeapi, s.LIVE[1], "2026-11-30T11:40:00Z", taint=True)
+    health = harness.run()[0]["health"]
+    states = {n["node"]: (n["state"], n["duration_seconds"]) for n in health["network_unavailable"]}
+    assert states == {s.LIVE[0]: ("transient", 60), s.LIVE[1]: ("stuck", 1200)}
+    assert health["status"] == "critical"
+    assert any("stuck NetworkUnavailable" in r for r in health["recommendations"])
+
+
+def test_only_transient_unavailability_is_degraded_not_critical(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    network_unavailable(harness.kubeapi, s.LIVE[0], "2026-11-30T11:59:30Z")
+    assert harness.run()[0]["health"]["status"] == "degraded"
+
+
+@pytest.mark.parametrize("wording", [V3_CONFLICT, V2_CONFLICT])
+def test_crash_loop_from_an_orphans_ip_is_linked_to_the_orphan(harness: Harness, wording: str) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    log = "starting\n" + wording.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13") + "\nTerminating\n"
+    calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=7, waiting="CrashLoopBackOff", log=log)
+    health = harness.run()[0]["health"]
+    (finding,) = health["calico_node"]
+    assert (finding["node"], finding["cause"], finding["holder"], finding["ip"]) == (
+        s.NEW_NODE,
+        "ip_conflict_orphan",
+        s.CONFLICT_ORPHAN,
+        "10.0.1.13",
+    )
+    assert finding["crash_looping"] and finding["restarts"] == 7 and "already using" in finding["evidence"][0]
+    assert finding["last_termination"]["exit_code"] == 1
+    assert health["status"] == "critical"
+    assert any(s.CONFLICT_ORPHAN in r and "--apply" in r for r in health["recommendations"])
+
+
+@pytest.mark.parametrize("wording", [V3_CONFLICT, V2_CONFLICT])
+def test_crash_loop_from_a_live_hosts_ip_is_reported_not_acted_on(harness: Harness, wording: str) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    log = wording.format(holder=s.LIVE[2], ip="10.0.1.12")
+    calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=9, waiting="CrashLoopBackOff", log=log)
+    report, _ = harness.run(harness.config(apply=True))
+    (finding,) = report["health"]["calico_node"]
+    assert (finding["cause"], finding["holder"]) == ("ip_conflict_live", s.LIVE[2])
+    assert any("nothing is deleted" in r for r in report["health"]["recommendations"])
+    assert s.LIVE[2] not in hosts_by_name(report)
+
+
+def test_an_orphan_named_in_a_crash_log_gets_the_conflict_grace(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    # 10.0.1.20 is no Node's InternalIP: only the crash log links the orphan to the broken node.
+    calico_pod(
+        harness.kubeapi,
+        s.LIVE[0],
+        ready=False,
+        restarts=3,
+        waiting="CrashLoopBackOff",
+        log=V3_CONFLICT.format(holder=s.POD_ORPHAN, ip="10.0.1.20"),
+    )
+    report, _ = harness.run(harness.config(grace_period=timedelta(hours=1)))
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    assert (entry["action"], entry["conflict"]) == ("would_delete", True)
+    assert {
+        "ip": "10.0.1.20",
+        "orphan": s.POD_ORPHAN,
+        "blocks": s.LIVE[0],
+        "kind": "calico_node_reports_conflict",
+    } in report["conflicts"]
+
+
+def test_api_server_timeout_at_start_up_is_its_own_cause(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    calico_pod(
+        harness.kubeapi,
+        s.NEW_NODE,
+        ready=False,
+        restarts=12,
+        waiting="CrashLoopBackOff",
+        log=API_TIMEOUT.format(node=s.NEW_NODE),
+    )
+    (finding,) = harness.run()[0]["health"]["calico_node"]
+    assert finding["cause"] == "apiserver_unreachable" and "Client.Timeout" in finding["evidence"][0]
+
+
+def test_nodes_without_a_calico_node_pod_are_a_finding(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    calico_pod(harness.kubeapi, s.LIVE[0])
+    health = harness.run()[0]["health"]
+    assert health["nodes_without_calico_node"] == sorted([s.LIVE[1], s.LIVE[2], s.NEW_NODE])
+    assert health["status"] == "degraded"
+
+
+def test_fail_closed_webhooks_on_calico_nodes_path_are_blocking_or_risky(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    webhook(harness.kubeapi, "gatekeeper", service="gatekeeper")
+    endpoints(harness.kubeapi, "gatekeeper", ready=False)
+    webhook(
+        harness.kubeapi,
+        "kyverno",
+        service="kyverno",
+        resources=("nodes/status",),
+        operations=("UPDATE",),
+        mutating=True,
+    )
+    endpoints(harness.kubeapi, "kyverno", ready=True)
+    webhook(
+        harness.kubeapi,
+        "excluded",
+        namespace_selector={
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "calico-system"]}
+            ]
+        },
+    )
+    webhook(harness.kubeapi, "lenient", policy="Ignore")
+    webhook(harness.kubeapi, "deployments-only", resources=("deployments",))
+    health = harness.run()[0]["health"]
+    found = {(w["name"], w["state"]): w for w in health["webhooks"]}
+    assert set(found) == {("gatekeeper", "blocking"), ("kyverno", "risk")}
+    assert found[("gatekeeper", "blocking")]["matches"] == ["CREATE pods in kube-system"]
+    assert found[("kyverno", "risk")]["matches"] == ["UPDATE nodes/status"]
+    assert "failurePolicy: Ignore" in found[("gatekeeper", "blocking")]["fix"]
+    assert health["status"] == "critical" and health["summary"]["webhooks_blocking"] == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "check"),
+    [(f"^{PODS}$", "calico_node"), (f"^{VALIDATING}$", "webhooks"), (f"^{MUTATING}$", "webhooks")],
+)
+def test_forbidden_reads_skip_their_check_and_the_run_goes_on(harness: Harness, path: str, check: str) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    harness.kubeapi.fail("GET", path, 403, times=10)
+    report, code = harness.run()
+    assert code == 0 and report["summary"]["would_delete"] == 2
+    assert report["health"]["checks"][check] == "skipped: forbidden"
+
+
+def test_forbidden_logs_and_endpoints_still_give_findings(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=7, waiting="CrashLoopBackOff", log="x")
+    webhook(harness.kubeapi, "gatekeeper")
+    harness.kubeapi.fail("GET", r"/log$", 403, times=10)
+    harness.kubeapi.fail("GET", r"/endpointslices$", 403, times=10)
+    health = harness.run()[0]["health"]
+    assert health["calico_node"][0]["cause"] == "unknown" and health["calico_node"][0]["evidence"] == []
+    assert [(w["state"], w["ready_endpoints"]) for w in health["webhooks"]] == [("risk", None)]
+
+
+def test_label_selectors_follow_kubernetes_semantics() -> None:
+    labels = {"kubernetes.io/metadata.name": "kube-system", "tier": "system"}
+    assert selector_matches(None, labels) and selector_matches({}, labels)
+    assert selector_matches({"matchLabels": {"tier": "system"}}, labels)
+    assert not selector_matches({"matchLabels": {"tier": "apps"}}, labels)
+    assert not selector_matches(
+        {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["system"]}]}, labels
+    )
+    assert selector_matches({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}, labels)
+    assert not selector_matches({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, labels)
+
+
+# Alerting: Pushgateway and --fail-on, through main()
+
+
+@dataclass
+class Pushgateway:
+    pushes: list[tuple[str, str, str]] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_port}"
+
+    def metrics(self, index: int = -1) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for family in text_string_to_metric_families(self.pushes[index][2]):
+            for sample in family.samples:
+                found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return found
+
+
+@pytest.fixture
+def pushgateway() -> Iterator[Pushgateway]:
+    gateway = Pushgateway()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+            gateway.pushes.append((self.command, self.path, body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_PUT = do_POST
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    gateway.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=gateway.server.serve_forever, daemon=True).start()
+    yield gateway
+    gateway.server.shutdown()
+    gateway.server.server_close()
+
+
+def cli_env(harness: Harness, tmp_path: Path) -> dict[str, str]:
+    return {
+        "ETCD_ENDPOINTS": harness.etcd.url,
+        "POD_NAMESPACE": "calico-gc",
+        "KUBECONFIG": str(harness.kubeapi.write_kubeconfig(tmp_path / "kubeconfig")),
+        "CALICO_GC_LOCK": "none",
+        "CALICO_GC_STATE_FILE": str(tmp_path / "state.json"),
+        "CALICO_GC_GRACE_PERIOD": "0s",
+    }
+
+
+def test_metrics_are_pushed_under_a_stable_grouping_key(
+    harness: Harness, tmp_path: Path, pushgateway: Pushgateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    network_unavailable(harness.kubeapi, s.NEW_NODE, "2026-11-29T00:00:00Z")
+    assert main(["--pushgateway", pushgateway.url, "--cluster-name", "prod-eu"], cli_env(harness, tmp_path)) == 0
+    capsys.readouterr()
+    method, path, _ = pushgateway.pushes[-1]
+    assert (method, path) == ("POST", "/metrics/job/calico-gc/cluster/prod-eu")
+    metrics = pushgateway.metrics()
+    assert metrics["calico_gc_hosts"][(("action", "would_delete"),)] == 2
+    assert metrics["calico_gc_hosts"][(("action", "skipped"),)] == 1
+    assert metrics["calico_gc_ip_conflicts"][()] == 1
+    assert metrics["calico_gc_nodes_network_unavailable"][()] == 1
+    assert metrics["calico_gc_nodes_network_unavailable_stuck"][()] == 1
+    assert metrics["calico_gc_calico_node_crash_looping"][()] == 0
+    assert metrics["calico_gc_webhooks_blocking"][()] == 0
+    assert metrics["calico_gc_health_status"][()] == 2
+    assert metrics["calico_gc_run_duration_seconds"][()] >= 0
+    assert metrics["calico_gc_last_success_timestamp_seconds"][()] > 1.7e9
+
+
+def test_a_failed_run_does_not_touch_last_success(
+    harness: Harness, tmp_path: Path, pushgateway: Pushgateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = s.kops_cluster()
+    scenario.k8s_nodes = []  # the empty-list guard refuses: exit 3
+    harness.seed(scenario)
+    assert main(["--pushgateway", pushgateway.url], cli_env(harness, tmp_path)) == 3
+    capsys.readouterr()
+    metrics = pushgateway.metrics()
+    assert "calico_gc_last_success_timestamp_seconds" not in metrics
+    assert metrics["calico_gc_refused"][()] == 1 and metrics["calico_gc_last_run_exit_code"][()] == 3
+    assert pushgateway.pushes[-1][1] == "/metrics/job/calico-gc/cluster/a1b2c3d4e5f6", "cluster GUID by default"
+
+
+def test_a_failed_push_is_a_warning_not_a_failed_run(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    assert main(["--pushgateway", "http://127.0.0.1:9"], cli_env(harness, tmp_path)) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"][-1]["kind"] == "metrics_push"
+
+
+@pytest.mark.parametrize(
+    ("fail_on", "crash", "expected"),
+    [("never", True, 0), ("critical", True, 5), ("degraded", True, 5), ("critical", False, 0), ("degraded", False, 0)],
+)
+def test_fail_on_turns_bad_health_into_exit_5(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str], fail_on: str, crash: bool, expected: int
+) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    if crash:
+        calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=7, waiting="CrashLoopBackOff", log="boom")
+    assert main(["--fail-on", fail_on], cli_env(harness, tmp_path)) == expected
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == expected and (report["outcome"] == "unhealthy") == (expected == 5)
+
+
+def test_a_conflict_found_both_ways_is_listed_once_and_recovery_is_recognised(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    calico_pod(
+        harness.kubeapi,
+        s.NEW_NODE,
+        ready=False,
+        restarts=7,
+        waiting="CrashLoopBackOff",
+        log=V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13"),
+    )
+    report, _ = harness.run(harness.config(apply=True))
+    assert [c["orphan"] for c in report["conflicts"]] == [s.CONFLICT_ORPHAN]
+    after, _ = harness.run(harness.config(apply=True))
+    (finding,) = after["health"]["calico_node"]
+    assert (finding["cause"], finding["holder_in_datastore"]) == ("ip_conflict", False)
+    assert "next restart" in after["health"]["recommendations"][0]
