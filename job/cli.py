@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 
 from job import __version__, logs, report
 from job.config import Config, ConfigError, load
+from job.datastores.base import Datastore
+from job.datastores.etcdv2 import EtcdV2Datastore
 from job.datastores.etcdv3 import EtcdV3Datastore
 from job.kube import Kube, KubeError, LeaseLock, api_client
 from job.retry import RetryPolicy
@@ -41,7 +43,15 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
         if config.lock == "lease"
         else None
     )
-    return Dependencies(kube, EtcdV3Datastore(config, retry), state, lock, _now, run_id)
+    return Dependencies(kube, datastore(config, retry), state, lock, _now, run_id)
+
+
+def datastore(config: Config, retry: RetryPolicy) -> Datastore:
+    """The adapter for DATASTORE_TYPE; unset means etcdv3, with a check for Calico 2.x data."""
+    if config.datastore_type == "etcdv2":
+        return EtcdV2Datastore(config, retry)
+    legacy = None if config.datastore_type_given else EtcdV2Datastore(config, retry).has_calico_data
+    return EtcdV3Datastore(config, retry, explain_empty=legacy)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

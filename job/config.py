@@ -15,8 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-DATASTORE_TYPES = ("etcdv3",)
-PLANNED_DATASTORE_TYPES = ("etcdv2", "kubernetes")
+DATASTORE_TYPES = ("etcdv3", "etcdv2")
+PLANNED_DATASTORE_TYPES = ("kubernetes",)
 
 
 class ConfigError(ValueError):
@@ -313,6 +313,7 @@ class Config:
     namespace: str = "kube-system"
     kubeconfig: Path | None = None
     datastore_type: str = "etcdv3"
+    datastore_type_given: bool = False  # unset means etcdv3, but an empty v3 keyspace is then explained
     etcd_endpoints: tuple[EtcdEndpoint, ...] = (EtcdEndpoint("http", "127.0.0.1", 2379),)
     etcd_ca_cert_file: Path | None = None
     etcd_cert_file: Path | None = None
@@ -428,7 +429,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
 
     datastore_type = text("datastore_type")
     if datastore_type in PLANNED_DATASTORE_TYPES:
-        raise ConfigError(f"datastore type {datastore_type!r} is not supported by this version yet; only etcdv3 is")
+        raise ConfigError(
+            f"datastore type {datastore_type!r} is not supported by this version yet; use etcdv3 or etcdv2"
+        )
     fraction_text = text("max_orphan_fraction")
     try:
         fraction = float(fraction_text)
@@ -467,6 +470,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         namespace=text("namespace"),
         kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
         datastore_type=datastore_type,
+        datastore_type_given=args["datastore_type"] is not None or bool(environ.get("DATASTORE_TYPE")),
         etcd_endpoints=endpoints,
         etcd_ca_cert_file=_readable("ETCD_CA_CERT_FILE", optional("etcd_ca_cert_file")),
         etcd_cert_file=_readable("ETCD_CERT_FILE", cert),

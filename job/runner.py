@@ -16,7 +16,7 @@ import structlog
 
 from job.apply import NodeChecker, apply_plan, fill_before
 from job.config import Config
-from job.datastores.base import Datastore, DatastoreError
+from job.datastores.base import Datastore, DatastoreError, DatastoreMismatch
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.kube import Conflict, KubeError
 from job.metrics import push
@@ -69,6 +69,10 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     log.info("run_started", mode="apply" if config.apply else "dry-run", datastore=config.datastore_type)
     try:
         code = _run_locked(config, deps, record)
+    except DatastoreMismatch as error:
+        log.error("run_failed", error=str(error))
+        record.error("datastore_type", str(error))
+        record.outcome, code = "error", ExitCode.USAGE
     except (KubeError, DatastoreError) as error:
         log.error("run_failed", error=str(error))
         record.error("unavailable", str(error))

@@ -15,14 +15,14 @@ import jsonschema
 import pytest
 
 from job import logs
+from job.cli import datastore
 from job.config import Config, EtcdEndpoint
-from job.datastores.etcdv3 import EtcdV3Datastore
 from job.kube import Kube, LeaseLock, api_client
 from job.report import SCHEMA_PATH
 from job.retry import RetryPolicy
 from job.runner import Dependencies, run
 from job.state import FileStateStore, StateStore
-from tests.support import calico
+from tests.support import calico, calico2
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
 from tests.support.scenario import Scenario
@@ -58,6 +58,7 @@ def etcd(etcd_server: EtcdServer) -> Iterator[EtcdServer]:
     if etcd_server.process is None:  # a test stopped it and did not bring it back
         etcd_server.start()
     calico.wipe(etcd_server.url)
+    calico2.wipe(etcd_server.url)
     yield etcd_server
     if etcd_server.process is None:
         etcd_server.start()
@@ -93,6 +94,7 @@ class Harness:
             lock="none",
             namespace="calico-gc",
             grace_period=timedelta(0),
+            datastore_type_given=True,
             page_size=3,
         )
         return replace(base, **overrides)
@@ -102,7 +104,7 @@ class Harness:
         lease = LeaseLock(kube, config.namespace, "calico-gc", "test-run", config.lease_duration) if lock else None
         return Dependencies(
             kube,
-            EtcdV3Datastore(config, self.retry),
+            datastore(config, self.retry),
             state or FileStateStore(config.state_file or self.tmp / "state.json"),
             lease,
             lambda: self.now,

@@ -15,7 +15,7 @@ from job.config import OPTIONS
 from job.runner import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ["cronjob", "job", "examples/apply"]
+OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x"]
 
 
 def kubectl() -> str:
@@ -79,6 +79,7 @@ def test_base_is_a_dry_run_and_the_example_switches_apply_on() -> None:
         )["data"]
 
     assert settings("cronjob")["CALICO_GC_APPLY"] == "false"
+    assert settings("calico-2.x")["DATASTORE_TYPE"] == "etcdv2" and settings("cronjob")["DATASTORE_TYPE"] == "etcdv3"
     assert settings("examples/apply")["CALICO_GC_APPLY"] == "true"
 
 

@@ -12,6 +12,10 @@ class DatastoreError(Exception):
     """The datastore could not be read or written (after retries, for transient causes)."""
 
 
+class DatastoreMismatch(DatastoreError):
+    """The datastore holds no data of the configured type but of another one (a setting to fix)."""
+
+
 class Datastore(Protocol):
     type: str
 

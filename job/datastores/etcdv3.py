@@ -30,7 +30,7 @@ from etcd3gw.exceptions import (
 )
 
 from job.config import Config, EtcdEndpoint
-from job.datastores.base import DatastoreError
+from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.ipam import block_shape_problem, summarize_block
 from job.model import (
     BlockAffinity,
@@ -153,7 +153,7 @@ def _cidr_from_key(segment: str) -> str | None:
 
 
 @dataclass
-class _Collected:
+class Collected:
     """What one read found, grouped by host name before hosts are assembled."""
 
     nodes: dict[str, StoredItem] = field(default_factory=dict)
@@ -178,7 +178,7 @@ class _Collected:
             return None
 
 
-def _collect(collected: _Collected, item: StoredItem) -> None:
+def collect_key(collected: Collected, item: StoredItem) -> None:
     """File one key under the host it belongs to (section 1 of the data-model notes)."""
     key = item.key
     if key.startswith(NODES):
@@ -239,7 +239,7 @@ def _collect(collected: _Collected, item: StoredItem) -> None:
         collected.owned[host].append(item)
 
 
-def _collect_block(collected: _Collected, item: StoredItem) -> None:
+def _collect_block(collected: Collected, item: StoredItem) -> None:
     parts = item.key[len(BLOCKS) :].split("/")
     cidr = _cidr_from_key(parts[2]) if len(parts) == 3 and parts[1] == "block" else None
     if cidr is None:
@@ -258,7 +258,7 @@ def _collect_block(collected: _Collected, item: StoredItem) -> None:
     collected.blocks.append(IpamBlock(item, cidr, affine_host, owners))
 
 
-def _collect_affinity(collected: _Collected, item: StoredItem) -> None:
+def _collect_affinity(collected: Collected, item: StoredItem) -> None:
     parts = item.key[len(AFFINITIES) :].split("/")
     if len(parts) == 1 and parts[0]:
         collected.owned[parts[0]].append(item)  # the IPAM host key itself
@@ -271,7 +271,7 @@ def _collect_affinity(collected: _Collected, item: StoredItem) -> None:
     collected.affinities[parts[0]].append(BlockAffinity(item, parts[0], cidr))
 
 
-def _host(name: str, node: StoredItem, collected: _Collected) -> CalicoHost:
+def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
     host = CalicoHost(
         name,
         node,
@@ -309,9 +309,9 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
 
     `revision` is asked for once the items are consumed: a streamed read learns it on the way.
     """
-    collected = _Collected()
+    collected = Collected()
     for item in items:
-        _collect(collected, item)
+        collect_key(collected, item)
     hosts = tuple(_host(name, node, collected) for name, node in sorted(collected.nodes.items()))
     dangling = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
     for name in sorted(dangling):
@@ -362,7 +362,9 @@ class EtcdV3Datastore:
         config: Config,
         retry: RetryPolicy,
         client_factory: Callable[[EtcdEndpoint, Config], Etcd3Client] = _client,
+        explain_empty: Callable[[], bool] | None = None,
     ) -> None:
+        self._explain_empty = explain_empty
         self._endpoints = config.etcd_endpoints
         self._config = config
         self._client_factory = client_factory
@@ -467,6 +469,15 @@ class EtcdV3Datastore:
             stop.set()
 
     def read(self) -> Inventory:
+        inventory = self._read()
+        if not inventory.hosts and self._explain_empty is not None and self._explain_empty():
+            raise DatastoreMismatch(
+                "the etcd v3 keyspace holds no Calico hosts but the etcd v2 keyspace does: this looks like "
+                "Calico 2.x; set DATASTORE_TYPE=etcdv2 (or --datastore-type etcdv2)"
+            )
+        return inventory
+
+    def _read(self) -> Inventory:
         # One revision for every prefix: a consistent snapshot of the whole datastore.
         revision = int(self._range(CLUSTER_INFORMATION, None, None)["header"]["revision"])
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.

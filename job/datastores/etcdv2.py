@@ -1,0 +1,249 @@
+"""Calico 2.x on the etcd v2 API (`/v2/keys`), with requests.
+
+Layout: calico-datamodel.md section 5. Each host is a tree under `/calico/v1/host/<h>`, its BGP
+data under `/calico/bgp/v1/host/<h>`, Felix status under `/calico/felix/v1/host/<h>`; the IPAM
+keys have the same shapes as in etcd v3 and are filed by the same collector. The v2 API has no
+multi-key transactions: every write is its own compare-and-swap on `prevIndex`, in the step's
+order, and a failed compare stops the step so that the planner decides again from a fresh read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import requests
+import structlog
+
+from job.config import Config
+from job.datastores.base import DatastoreError
+from job.datastores.etcdv3 import Collected, _bare_ip, collect_key
+from job.model import CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint
+from job.retry import RetryPolicy, describe_error
+
+log = structlog.get_logger("calico_gc.etcdv2")
+
+HOSTS = "/calico/v1/host/"
+BGP_HOSTS = "/calico/bgp/v1/host/"
+FELIX_HOSTS = "/calico/felix/v1/host/"
+IPAM_HOSTS = "/calico/ipam/v2/host/"
+# Every subtree one run reads, each with one recursive GET (the v2 API does not page).
+TREES = (HOSTS, BGP_HOSTS, FELIX_HOSTS, "/calico/ipam/v2/assignment/", IPAM_HOSTS, "/calico/ipam/v2/handle/")
+CLUSTER_GUID = "/calico/v1/config/ClusterGUID"
+READY = "/calico/v1/Ready"
+COMPARE_FAILED = 412
+NOT_FOUND = 404
+
+
+class _Transient(Exception):
+    """An etcd answer worth retrying (5xx, connection trouble)."""
+
+
+def _leaves(node: dict[str, Any]) -> Iterator[StoredItem]:
+    """Every key (not directory) in a v2 recursive answer, depth first."""
+    if node.get("dir"):
+        for child in node.get("nodes") or []:
+            yield from _leaves(child)
+    elif "key" in node:
+        yield StoredItem(node["key"], int(node.get("modifiedIndex", 0)), node.get("value", ""))
+
+
+def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Inventory:
+    """The v2 layout as the shared model. Pure; unknown shapes become problems."""
+    collected = Collected()
+    trees: dict[str, list[StoredItem]] = {}
+    for item in items:
+        for root in (HOSTS, BGP_HOSTS, FELIX_HOSTS):
+            if item.key.startswith(root):
+                owner, _, rest = item.key[len(root) :].partition("/")
+                if not owner or not rest:
+                    collected.problem("unknown_key", item.key, "not under a host directory")
+                else:
+                    trees.setdefault(owner, []).append(item)
+                break
+        else:
+            collect_key(collected, item)  # IPAM: blocks, affinities, handles
+    hosts: list[CalicoHost] = []
+    for name, tree in sorted(trees.items()):
+        host = _host(name, tree, collected)
+        if host is None:
+            collected.problem(
+                "no_calico_node", name, "data stored for a host that has no metadata key; reported, not touched"
+            )
+        else:
+            hosts.append(host)
+    for name in sorted(set(collected.affinities) - {h.name for h in hosts}):
+        collected.problem("no_calico_node", name, "IPAM affinities of a host that has no metadata key")
+    return Inventory(
+        hosts=tuple(hosts),
+        blocks=tuple(collected.blocks),
+        handles=collected.handles,
+        malformed_blocks=tuple(collected.malformed_blocks),
+        cluster=cluster,
+        problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
+    )
+
+
+def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost | None:
+    own = f"{HOSTS}{name}/"
+    metadata = next((item for item in tree if item.key == own + "metadata"), None)
+    if metadata is None:
+        return None
+    by_key = {item.key: item for item in tree}
+    endpoints, owned = [], []
+    k8s_node: str | None = None
+    for item in sorted(tree, key=lambda i: i.key):
+        if item is metadata:
+            continue
+        parts = item.key[len(own) :].split("/") if item.key.startswith(own) else []
+        if len(parts) == 5 and parts[0] == "workload" and parts[3] == "endpoint":
+            value = collected.json(item)
+            nets = (
+                [
+                    n
+                    for field in ("ipv4_nets", "ipv6_nets")
+                    for n in (value or {}).get(field) or []
+                    if isinstance(n, str)
+                ]
+                if isinstance(value, dict)
+                else []
+            )
+            endpoints.append(WorkloadEndpoint(item, name, tuple(n.split("/", 1)[0] for n in nets)))
+            continue
+        if parts == ["orchestrator_refs"]:
+            refs = collected.json(item)
+            for ref in refs if isinstance(refs, list) else []:
+                if isinstance(ref, dict) and ref.get("orchestrator") == "k8s":
+                    k8s_node = ref.get("nodeName") or None  # the first k8s entry decides, as in Calico
+                    break
+        owned.append(item)
+    bgp = f"{BGP_HOSTS}{name}/"
+    tunnel = by_key.get(own + "config/IpInIpTunnelAddr")
+    return CalicoHost(
+        name,
+        metadata,
+        k8s_node if isinstance(k8s_node, str) else None,
+        ipv4=_bare_ip(by_key[bgp + "ip_addr_v4"].value) if bgp + "ip_addr_v4" in by_key else None,
+        ipv6=_bare_ip(by_key[bgp + "ip_addr_v6"].value) if bgp + "ip_addr_v6" in by_key else None,
+        # Calico 2.6 allocated the IPIP address without a handle: only this key finds it.
+        tunnel_ips=tuple(ip for ip in [_bare_ip(tunnel.value)] if ip) if tunnel else (),
+        felix_alive=f"{FELIX_HOSTS}{name}/status" in by_key,
+        workload_endpoints=tuple(endpoints),
+        affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
+        owned=tuple(owned),
+    )
+
+
+class EtcdV2Datastore:
+    """Recursive GETs per subtree; every write a compare-and-swap on `prevIndex`."""
+
+    type = "etcdv2"
+
+    def __init__(self, config: Config, retry: RetryPolicy) -> None:
+        self._endpoints = [endpoint.url for endpoint in config.etcd_endpoints]
+        self._current = 0
+        self._retry = retry
+        self._timeout = config.etcd_timeout.total_seconds()
+        self._session = requests.Session()
+        self._session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace the etcd CA
+        if config.etcd_ca_cert_file:
+            self._session.verify = str(config.etcd_ca_cert_file)
+        if config.etcd_cert_file and config.etcd_key_file:
+            self._session.cert = (str(config.etcd_cert_file), str(config.etcd_key_file))
+
+    def describe(self) -> dict[str, object]:
+        return {"type": self.type, "endpoints": list(self._endpoints)}
+
+    def _call(
+        self, method: str, key: str, params: dict[str, Any] | None = None, data: dict[str, str] | None = None
+    ) -> requests.Response:
+        def attempt() -> requests.Response:
+            url = f"{self._endpoints[self._current]}/v2/keys{key}"
+            try:
+                response = self._session.request(method, url, params=params, data=data, timeout=self._timeout)
+            except requests.RequestException as error:
+                self._current = (self._current + 1) % len(self._endpoints)  # try the next endpoint
+                raise _Transient(f"{type(error).__name__}: {error}") from error
+            if response.status_code >= 500:
+                raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
+            return response
+
+        try:
+            return self._retry.call(attempt, lambda error: isinstance(error, _Transient))
+        except _Transient as error:
+            raise DatastoreError(f"etcd v2 {method} {key} failed: {describe_error(error)}") from error
+
+    def _get(self, key: str, recursive: bool = False) -> dict[str, Any] | None:
+        response = self._call("GET", key, {"recursive": "true"} if recursive else None)
+        if response.status_code == NOT_FOUND:
+            return None
+        if response.status_code != 200:
+            raise DatastoreError(f"etcd v2 GET {key}: HTTP {response.status_code} {response.text[:200]}")
+        node: dict[str, Any] = response.json()["node"]
+        return node
+
+    def has_calico_data(self) -> bool:
+        """Whether a Calico 2.x host tree exists (used to explain an empty etcd v3 keyspace)."""
+        node = self._get(HOSTS)
+        return bool(node and node.get("nodes"))
+
+    def read(self) -> Inventory:
+        guid, ready = self._get(CLUSTER_GUID), self._get(READY)
+        cluster = ClusterInfo(
+            guid.get("value") if guid else None, None if ready is None else ready.get("value") != "false"
+        )
+        items = (item for tree in TREES for node in [self._get(tree, recursive=True)] if node for item in _leaves(node))
+        inventory = build_inventory(items, cluster)
+        log.info(
+            "datastore_read",
+            hosts=len(inventory.hosts),
+            blocks=len(inventory.blocks),
+            handles=len(inventory.handles),
+            problems=len(inventory.problems),
+        )
+        return inventory
+
+    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
+        """Current values: the v2 API keeps no history (the read keeps every value anyway)."""
+        values = {}
+        for key in keys:
+            node = self._get(key)
+            if node is not None:
+                values[key] = node.get("value", "")
+        return values
+
+    def commit(self, step: Step) -> bool:
+        """Each write conditional on its prevIndex, in order; stop at the first failed compare."""
+        for write in step.writes:
+            params = {"prevIndex": str(write.revision)}
+            if write.value is None:
+                response = self._call("DELETE", write.key, params)
+            else:
+                response = self._call("PUT", write.key, params, {"value": write.value})
+            if response.status_code in (COMPARE_FAILED, NOT_FOUND):
+                return False
+            if response.status_code not in (200, 201):
+                raise DatastoreError(f"etcd v2 write {write.key}: HTTP {response.status_code} {response.text[:200]}")
+            if write.value is None and write.key.startswith(HOSTS) and write.key.endswith("/metadata"):
+                self._prune(write.key[len(HOSTS) :].rsplit("/", 1)[0])
+        return True
+
+    def _prune(self, host: str) -> None:
+        """Remove the gone host's now empty directories, deepest first; a directory something
+        was written to meanwhile is not empty, so it stays (dir=true never deletes keys)."""
+        for root in (f"{HOSTS}{host}", f"{BGP_HOSTS}{host}", f"{FELIX_HOSTS}{host}", f"{IPAM_HOSTS}{host}"):
+            node = self._get(root, recursive=True)
+            if node is None:
+                continue
+            for directory in sorted(_directories(node), key=lambda d: -d.count("/")):
+                self._call("DELETE", directory, {"dir": "true"})
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _directories(node: dict[str, Any]) -> Iterator[str]:
+    if node.get("dir"):
+        yield node["key"]
+        for child in node.get("nodes") or []:
+            yield from _directories(child)
