@@ -10,7 +10,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import structlog
 import urllib3
@@ -25,6 +26,7 @@ from job.model import KubeNode, NetworkUnavailable
 from job.retry import RetryPolicy
 
 log = structlog.get_logger("calico_gc.kube")
+T = TypeVar("T")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
@@ -126,15 +128,16 @@ class Kube:
 
         return self._retry.call(attempt, is_transient)
 
-    def _list(self, path: str, query: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Every item of a collection, paged; a 410 (expired continue token) restarts it."""
+    def _list(self, path: str, parse: Callable[[dict[str, Any]], T], query: dict[str, Any] | None = None) -> list[T]:
+        """Every item of a collection, paged, each parsed as its page arrives (a page of full Pod
+        objects is large; what is kept of them is small). A 410 (expired continue) restarts it."""
         for _ in range(MAX_LIST_RESTARTS):
-            items: list[dict[str, Any]] = []
+            items: list[T] = []
             token: str | None = None
             try:
                 while True:
                     page = self._request("GET", path, {**(query or {}), "limit": self._page_size, "continue": token})
-                    items.extend(page.get("items") or [])
+                    items.extend(parse(item) for item in page.get("items") or [])
                     token = (page.get("metadata") or {}).get("continue") or None
                     if token is None:
                         return items
@@ -147,7 +150,7 @@ class Kube:
     def list_nodes(self) -> tuple[KubeNode, ...]:
         """All Nodes, with their addresses and network-unavailable state."""
         try:
-            return tuple(_kube_node(item) for item in self._list("/api/v1/nodes"))
+            return tuple(self._list("/api/v1/nodes", _kube_node))
         except ApiException as error:
             raise KubeError(f"listing Nodes failed: HTTP {error.status} {error.reason}") from error
 
@@ -253,24 +256,23 @@ class Kube:
         """Everything the diagnosis needs; a check the job may not read becomes `skipped: forbidden`."""
         inputs = HealthInputs()
         try:
+            selector = {"labelSelector": config.calico_node_selector}
             pods = [
-                _calico_node_pod(item)
+                pod
                 for namespace in config.calico_node_namespaces
-                for item in self._list(
-                    f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": config.calico_node_selector}
-                )
+                for pod in self._list(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
             ]
             inputs.pods = tuple(self._with_previous_log(pod, config) for pod in pods)
         except ApiException as error:
             inputs.pods = None
             inputs.checks["calico_node"] = _skipped(error)
         try:
-            hooks = [
-                hook
-                for kind, plural in WEBHOOK_KINDS
-                for configuration in self._list(f"/apis/admissionregistration.k8s.io/v1/{plural}")
-                for hook in _webhooks(configuration, kind)
-            ]
+            hooks: list[Webhook] = []
+            for kind, plural in WEBHOOK_KINDS:
+                for hooks_of_one in self._list(
+                    f"/apis/admissionregistration.k8s.io/v1/{plural}", partial(_webhooks, kind=kind)
+                ):
+                    hooks.extend(hooks_of_one)
             inputs.webhooks = tuple(hooks)
             inputs.ready_endpoints = {
                 hook.service: self._ready_endpoints(*hook.service)
@@ -298,17 +300,21 @@ class Kube:
     def _ready_endpoints(self, namespace: str, service: str) -> int | None:
         """Ready endpoints behind a Service, from its EndpointSlices; None when not allowed to look."""
         try:
-            slices = self._list(
+            ready_per_slice = self._list(
                 f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+                _ready_in_slice,
                 {"labelSelector": f"kubernetes.io/service-name={service}"},
             )
         except ApiException as error:
             if error.status == 403:
                 return None
             raise
-        return sum(
-            1 for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready") is not False
-        )
+        return sum(ready_per_slice)
+
+
+def _ready_in_slice(endpoint_slice: dict[str, Any]) -> int:
+    endpoints = endpoint_slice.get("endpoints") or []
+    return sum(1 for e in endpoints if (e.get("conditions") or {}).get("ready") is not False)
 
 
 def _skipped(error: ApiException) -> str:
