@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,7 +68,7 @@ def main() -> int:
     parser.add_argument("--orphans", type=int, default=500)
     parser.add_argument("--pods-per-host", type=int, default=20)
     parser.add_argument("--page-size", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-"))
     (workdir / "etcd").mkdir()
@@ -110,24 +111,31 @@ def main() -> int:
                 options.orphans,
             ),
         }
-        raw_times = [raw_read_seconds(config)[0] for _ in range(options.repeat)]
-        raw = min(raw_times)
+        # Runs alternate (raw, side by side, each job case) so that drifting machine load hits all
+        # alike; the figures are medians, the ratios medians over medians.
+        raw_times: list[float] = []
+        side_times: list[float] = []
+        runs: dict[str, list[tuple[float, float, int, dict[str, object]]]] = {name: [] for name in cases}
+        for _ in range(options.repeat):
+            raw_times.append(raw_read_seconds(config)[0])
+            side_times.append(parallel_read_seconds(config))
+            for name, (args, _) in cases.items():
+                runs[name].append(run_job(env, args))
+        raw, side_by_side = statistics.median(raw_times), statistics.median(side_times)
         print(
-            f"raw paged read of the same prefixes: {raw:.2f}s ({keys} keys, page {options.page_size})"
+            f"raw paged read of the same prefixes: median {raw:.2f}s ({keys} keys, page {options.page_size})"
             f"  [all: {', '.join(f'{t:.2f}' for t in raw_times)}]"
         )
-        side_by_side = min(parallel_read_seconds(config) for _ in range(options.repeat))
-        print(f"the same read with the prefixes side by side, as the job reads them: {side_by_side:.2f}s")
-        for name, (args, planned) in cases.items():
-            runs = [run_job(env, args) for _ in range(options.repeat)]
-            for _, _, code, report in runs:
+        print(f"the same read with the prefixes side by side, as the job reads them: median {side_by_side:.2f}s")
+        for name, (_, planned) in cases.items():
+            for _, _, code, report in runs[name]:
                 summary = report["summary"]
                 assert code == 0 and summary["would_delete"] == planned, (code, summary)  # type: ignore[index]
-            job = min(r[0] for r in runs)
+            job = statistics.median(r[0] for r in runs[name])
             print(
-                f"job dry run, {name}: {job:.2f}s  [all: {', '.join(f'{r[0]:.2f}' for r in runs)}]"
+                f"job dry run, {name}: median {job:.2f}s  [all: {', '.join(f'{r[0]:.2f}' for r in runs[name])}]"
                 f"  ratio {job / raw:.2f} (goal < 1.5; {job / side_by_side:.2f} against the side-by-side read)"
-                f"  peak RSS {max(r[1] for r in runs):.0f} MB (goal < 250)"
+                f"  peak RSS {max(r[1] for r in runs[name]):.0f} MB (goal < 250)"
             )
         return 0
     finally:

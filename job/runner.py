@@ -6,7 +6,9 @@ flow against real servers without patching anything.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import IntEnum
@@ -116,6 +118,12 @@ def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCo
             log.warning("lock_release_failed", error=str(error))
 
 
+def _read_kubernetes(nodes: NodeSource, config: Config) -> tuple[tuple[KubeNode, ...], HealthInputs]:
+    listed = nodes.list_nodes()
+    log.info("kubernetes_read", nodes=len(listed))
+    return listed, nodes.read_health(config)
+
+
 def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> None:
     try:
         state.save(grace_state)
@@ -124,10 +132,12 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 
 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
-    kube_nodes = deps.nodes.list_nodes()
+    # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-read") as pool:
+        kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps.nodes, config)
+        inventory = deps.datastore.read()
+        kube_nodes, health_inputs = kube_read.result()
     record.k8s_node_count = len(kube_nodes)
-    health_inputs = deps.nodes.read_health(config)
-    inventory = deps.datastore.read()
     record.datastore.update(
         cluster_guid=inventory.cluster.guid,
         datastore_ready=inventory.cluster.datastore_ready,
