@@ -138,6 +138,14 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         inventory = deps.datastore.read()
         kube_nodes, health_inputs = kube_read.result()
     record.k8s_node_count = len(kube_nodes)
+    log.info(
+        "datastore_read",
+        hosts=len(inventory.hosts),
+        blocks=len(inventory.blocks),
+        handles=len(inventory.handles),
+        problems=len(inventory.problems),
+        revision=inventory.revision,
+    )
     record.datastore.update(
         cluster_guid=inventory.cluster.guid,
         datastore_ready=inventory.cluster.datastore_ready,

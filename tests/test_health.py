@@ -77,6 +77,10 @@ def calico_pod(
     return name
 
 
+def crash_looping(kubeapi: KubeApiServer, node: str, log: str, restarts: int = 7) -> str:
+    return calico_pod(kubeapi, node, ready=False, restarts=restarts, waiting="CrashLoopBackOff", log=log)
+
+
 def healthy_pods(harness: Harness, scenario: s.Scenario) -> None:
     for name, _ in scenario.k8s_nodes:
         calico_pod(harness.kubeapi, name)
@@ -173,7 +177,7 @@ def test_crash_loop_from_an_orphans_ip_is_linked_to_the_orphan(harness: Harness,
     harness.seed(scenario)
     healthy_pods(harness, scenario)
     log = "starting\n" + wording.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13") + "\nTerminating\n"
-    calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=7, waiting="CrashLoopBackOff", log=log)
+    crash_looping(harness.kubeapi, s.NEW_NODE, log, restarts=7)
     health = harness.run()[0]["health"]
     (finding,) = health["calico_node"]
     assert (finding["node"], finding["cause"], finding["holder"], finding["ip"]) == (
@@ -194,7 +198,7 @@ def test_crash_loop_from_a_live_hosts_ip_is_reported_not_acted_on(harness: Harne
     harness.seed(scenario)
     healthy_pods(harness, scenario)
     log = wording.format(holder=s.LIVE[2], ip="10.0.1.12")
-    calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=9, waiting="CrashLoopBackOff", log=log)
+    crash_looping(harness.kubeapi, s.NEW_NODE, log, restarts=9)
     report, _ = harness.run(harness.config(apply=True))
     (finding,) = report["health"]["calico_node"]
     assert (finding["cause"], finding["holder"]) == ("ip_conflict_live", s.LIVE[2])
@@ -207,14 +211,7 @@ def test_an_orphan_named_in_a_crash_log_gets_the_conflict_grace(harness: Harness
     harness.seed(scenario)
     healthy_pods(harness, scenario)
     # 10.0.1.20 is no Node's InternalIP: only the crash log links the orphan to the broken node.
-    calico_pod(
-        harness.kubeapi,
-        s.LIVE[0],
-        ready=False,
-        restarts=3,
-        waiting="CrashLoopBackOff",
-        log=V3_CONFLICT.format(holder=s.POD_ORPHAN, ip="10.0.1.20"),
-    )
+    crash_looping(harness.kubeapi, s.LIVE[0], V3_CONFLICT.format(holder=s.POD_ORPHAN, ip="10.0.1.20"), restarts=3)
     report, _ = harness.run(harness.config(grace_period=timedelta(hours=1)))
     entry = hosts_by_name(report)[s.POD_ORPHAN]
     assert (entry["action"], entry["conflict"]) == ("would_delete", True)
@@ -230,14 +227,7 @@ def test_api_server_timeout_at_start_up_is_its_own_cause(harness: Harness) -> No
     scenario = s.kops_cluster()
     harness.seed(scenario)
     healthy_pods(harness, scenario)
-    calico_pod(
-        harness.kubeapi,
-        s.NEW_NODE,
-        ready=False,
-        restarts=12,
-        waiting="CrashLoopBackOff",
-        log=API_TIMEOUT.format(node=s.NEW_NODE),
-    )
+    crash_looping(harness.kubeapi, s.NEW_NODE, API_TIMEOUT.format(node=s.NEW_NODE), restarts=12)
     (finding,) = harness.run()[0]["health"]["calico_node"]
     assert finding["cause"] == "apiserver_unreachable" and "Client.Timeout" in finding["evidence"][0]
 
@@ -304,7 +294,7 @@ def test_forbidden_logs_and_endpoints_still_give_findings(harness: Harness) -> N
     scenario = s.kops_cluster()
     harness.seed(scenario)
     healthy_pods(harness, scenario)
-    calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=7, waiting="CrashLoopBackOff", log="x")
+    crash_looping(harness.kubeapi, s.NEW_NODE, "x", restarts=7)
     webhook(harness.kubeapi, "gatekeeper")
     harness.kubeapi.fail("GET", r"/log$", 403, times=10)
     harness.kubeapi.fail("GET", r"/endpointslices$", 403, times=10)
@@ -439,7 +429,7 @@ def test_fail_on_turns_bad_health_into_exit_5(
     harness.seed(scenario)
     healthy_pods(harness, scenario)
     if crash:
-        calico_pod(harness.kubeapi, s.NEW_NODE, ready=False, restarts=7, waiting="CrashLoopBackOff", log="boom")
+        crash_looping(harness.kubeapi, s.NEW_NODE, "boom", restarts=7)
     assert main(["--fail-on", fail_on], cli_env(harness, tmp_path)) == expected
     report = json.loads(capsys.readouterr().out)
     assert report["exit_code"] == expected and (report["outcome"] == "unhealthy") == (expected == 5)
@@ -449,14 +439,7 @@ def test_a_conflict_found_both_ways_is_listed_once_and_recovery_is_recognised(ha
     scenario = s.kops_cluster()
     harness.seed(scenario)
     healthy_pods(harness, scenario)
-    calico_pod(
-        harness.kubeapi,
-        s.NEW_NODE,
-        ready=False,
-        restarts=7,
-        waiting="CrashLoopBackOff",
-        log=V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13"),
-    )
+    crash_looping(harness.kubeapi, s.NEW_NODE, V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13"), restarts=7)
     report, _ = harness.run(harness.config(apply=True))
     assert [c["orphan"] for c in report["conflicts"]] == [s.CONFLICT_ORPHAN]
     after, _ = harness.run(harness.config(apply=True))

@@ -13,15 +13,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import requests
-import structlog
 
 from job.config import Config
 from job.datastores.base import DatastoreError
 from job.datastores.etcdv3 import Collected, _bare_ip, collect_key
 from job.model import CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint
 from job.retry import RetryPolicy, describe_error
-
-log = structlog.get_logger("calico_gc.etcdv2")
 
 HOSTS = "/calico/v1/host/"
 BGP_HOSTS = "/calico/bgp/v1/host/"
@@ -193,15 +190,7 @@ class EtcdV2Datastore:
             guid.get("value") if guid else None, None if ready is None else ready.get("value") != "false"
         )
         items = (item for tree in TREES for node in [self._get(tree, recursive=True)] if node for item in _leaves(node))
-        inventory = build_inventory(items, cluster)
-        log.info(
-            "datastore_read",
-            hosts=len(inventory.hosts),
-            blocks=len(inventory.blocks),
-            handles=len(inventory.handles),
-            problems=len(inventory.problems),
-        )
-        return inventory
+        return build_inventory(items, cluster)
 
     def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
         """Current values: the v2 API keeps no history (the read keeps every value anyway)."""

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import requests
-import structlog
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import (
     ConnectionFailedError,
@@ -45,8 +44,6 @@ from job.model import (
     WorkloadEndpoint,
 )
 from job.retry import RetryPolicy, describe_error
-
-log = structlog.get_logger("calico_gc.etcdv3")
 
 RESOURCES = "/calico/resources/v3/projectcalico.org/"
 NODES = RESOURCES + "nodes/"
@@ -486,14 +483,6 @@ class EtcdV3Datastore:
             inventory = build_inventory(self._items(revision), lambda: revision)
         finally:
             gc.enable()
-        log.info(
-            "datastore_read",
-            hosts=len(inventory.hosts),
-            blocks=len(inventory.blocks),
-            handles=len(inventory.handles),
-            problems=len(inventory.problems),
-            revision=inventory.revision,
-        )
         return inventory
 
     def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
