@@ -19,6 +19,7 @@ from job.state import ConfigMapStateStore
 from tests.conftest import Harness, hosts_by_name, no_sleep_retry
 from tests.support import calico
 from tests.support import scenario as s
+from tests.support.cut_link import CutLink
 from tests.support.etcd_server import EtcdServer, make_tls_files
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
@@ -224,3 +225,17 @@ def test_tls_with_client_certificates(harness: Harness, tmp_path: Path) -> None:
         assert code == 1 and report["outcome"] == "error"
     finally:
         server.close()
+
+
+def test_link_to_etcd_cut_in_the_middle_of_the_read_is_a_clear_error_and_writes_nothing(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    link = CutLink(harness.etcd.client_port, cut_after=6000)  # a few pages in, then a partition
+    try:
+        config = replace(harness.config(apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))
+        report, code = harness.run(config)
+    finally:
+        link.close()
+    assert link.cut.is_set() and link.relayed > 6000, "the read had started when the link went"
+    assert code == 1 and report["outcome"] == "error" and report["errors"][0]["kind"] == "unavailable"
+    assert report["hosts"] == [] and harness.dump() == before
