@@ -6,7 +6,7 @@ pure planner decides that host again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -21,6 +21,7 @@ from job.plan import k8s_link, replan_host
 log = structlog.get_logger("calico_gc.apply")
 MAX_REPLANS = 5
 K8S_NODE_RECREATED = "k8s_node_recreated"
+LOCK_LOST = "lock_lost"
 
 
 class NodeChecker(Protocol):
@@ -88,11 +89,20 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
     return outcome(Action.FAILED, "conflicts_persisted", f"data kept changing over {MAX_REPLANS} re-reads")
 
 
-def apply_plan(plan: Plan, datastore: Datastore, nodes: NodeChecker, config: Config) -> tuple[HostDecision, ...]:
-    """Every planned deletion, one host at a time; one failure never stops the others."""
+def apply_plan(
+    plan: Plan, datastore: Datastore, nodes: NodeChecker, config: Config, still_held: Callable[[], bool]
+) -> tuple[HostDecision, ...]:
+    """Every planned deletion, one host at a time; one failure never stops the others, but a
+    lost lock (another run took over) stops all that remain: two runs never act at once."""
     results = []
+    lost = False
     for decision in plan.decisions:
         if decision.action is Action.WOULD_DELETE:
-            decision = apply_host(decision, datastore, nodes, config)
+            lost = lost or not still_held()
+            if lost:
+                log.warning("lock_lost", host=decision.host.name)
+                decision = replace(decision, action=Action.SKIPPED, reason=LOCK_LOST, steps=())
+            else:
+                decision = apply_host(decision, datastore, nodes, config)
         results.append(decision)
     return tuple(results)

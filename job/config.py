@@ -175,7 +175,7 @@ OPTIONS: tuple[Option, ...] = (
         "--lease-duration",
         "CALICO_GC_LEASE_DURATION",
         "1h",
-        "How long the Lease holds without renewal; keep it above the Job's activeDeadlineSeconds.",
+        "How long the Lease holds without renewal; a run renews it every third of this while it deletes.",
         metavar="DURATION",
     ),
     Option(

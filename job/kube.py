@@ -236,6 +236,25 @@ class Kube:
                 return other  # someone else wrote the Lease first
             raise KubeError(f"writing the Lease failed: HTTP {error.status} {error.reason}") from error
 
+    def renew_lease(self, namespace: str, name: str, holder: str) -> bool:
+        """Move renewTime on if the Lease is still ours; False when another run holds it now."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        try:
+            current = self._request("GET", path)
+            spec = current.get("spec") or {}
+            if spec.get("holderIdentity") != holder:
+                return False
+            spec["renewTime"] = _micro_time(self._clock())
+            self._request("PUT", path, body=current)
+            return True
+        except ApiException as error:
+            # Gone, taken (409) or unanswerable: the lock cannot be confirmed, so stop acting.
+            log.warning("lease_renewal_failed", status=error.status)
+            return False
+
+    def now(self) -> datetime:
+        return self._clock()
+
     def release_lease(self, namespace: str, name: str, holder: str) -> None:
         """Give the Lease up if it is still ours (a 409 or a new holder means it is not)."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
@@ -323,16 +342,30 @@ def _skipped(error: ApiException) -> str:
     return FORBIDDEN if error.status == 403 else f"skipped: HTTP {error.status}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class LeaseLock:
     kube: Kube
     namespace: str
     name: str
     holder: str
     duration: timedelta
+    _renewed: datetime | None = None
 
     def acquire(self) -> str | None:
-        return self.kube.acquire_lease(self.namespace, self.name, self.holder, self.duration)
+        other = self.kube.acquire_lease(self.namespace, self.name, self.holder, self.duration)
+        if other is None:
+            self._renewed = self.kube.now()
+        return other
+
+    def still_held(self) -> bool:
+        """Renew when a third of the duration has passed; False once another run took over."""
+        now = self.kube.now()
+        if self._renewed is not None and now - self._renewed < self.duration / 3:
+            return True
+        if not self.kube.renew_lease(self.namespace, self.name, self.holder):
+            return False
+        self._renewed = now
+        return True
 
     def release(self) -> None:
         self.kube.release_lease(self.namespace, self.name, self.holder)

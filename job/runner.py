@@ -44,6 +44,10 @@ class Lock(Protocol):
         """None when taken; otherwise who holds it."""
         ...
 
+    def still_held(self) -> bool:
+        """Renew if due; False when the lock was lost (another run took it over)."""
+        ...
+
     def release(self) -> None: ...
 
 
@@ -190,7 +194,8 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     _save_state(deps.state, plan.next_grace_state, record)
     if not config.apply:
         return ExitCode.OK
-    record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config)
+    still_held = deps.lock.still_held if deps.lock else (lambda: True)
+    record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config, still_held)
     deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
     if deleted:
         # A name that comes back and is orphaned again must wait its full grace anew.

@@ -72,6 +72,34 @@ def test_losing_the_lease_race_on_create_is_lock_held(harness: Harness) -> None:
     assert (code, report["outcome"]) == (0, "lock_held")
 
 
+def test_a_run_whose_lease_was_taken_over_stops_deleting(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+
+    def another_run_takes_the_lease() -> None:
+        taken = harness.kubeapi.get(LEASES, "calico-gc")
+        assert taken is not None and taken["spec"]["holderIdentity"] == "test-run"
+        harness.kubeapi.put(LEASES, {**taken, "spec": {**taken["spec"], "holderIdentity": "other-run"}})
+
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.CONFLICT_ORPHAN}$", another_run_takes_the_lease)
+    # A zero duration makes every host renew the Lease (normally every third of an hour).
+    report, code = harness.run(harness.config(apply=True, lease_duration=timedelta(0)), lock=True)
+    hosts = hosts_by_name(report)
+    assert code == 0 and hosts[s.CONFLICT_ORPHAN]["action"] == "deleted"
+    assert (hosts[s.POD_ORPHAN]["action"], hosts[s.POD_ORPHAN]["reason"]) == ("skipped", "lock_lost")
+    assert {k: v for k, v in harness.dump().items() if s.POD_ORPHAN in k} == {
+        k: v for k, v in before.items() if s.POD_ORPHAN in k
+    }
+    held = harness.kubeapi.get(LEASES, "calico-gc")
+    assert held is not None and held["spec"]["holderIdentity"] == "other-run", "not released: it is not ours"
+
+
+def test_the_lease_is_renewed_while_deleting(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    harness.run(harness.config(apply=True, lease_duration=timedelta(0)), lock=True)
+    assert harness.kubeapi.count("PUT", f"^{LEASES}/calico-gc$") >= 3  # two renewals and the release
+
+
 def configmap_store(harness: Harness) -> ConfigMapStateStore:
     config = harness.config()
     return ConfigMapStateStore(Kube(api_client(config), harness.retry), "calico-gc", "calico-gc-state")
