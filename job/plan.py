@@ -130,7 +130,15 @@ def check_guards(
         return tuple(guards)
     referenced = {h.k8s_node or h.name for h in inventory.hosts} | {h.name for h in inventory.hosts}
     covered = sum(1 for node in kube_nodes if node.name in referenced)
-    if covered * 2 < len(kube_nodes):
+    if not inventory.hosts:
+        guards.append(
+            GuardFinding(
+                "foreign_datastore",
+                f"the datastore holds no Calico hosts for {len(kube_nodes)} Kubernetes Nodes: check ETCD_ENDPOINTS "
+                "and DATASTORE_TYPE (a cluster on the Kubernetes datastore needs DATASTORE_TYPE=kubernetes)",
+            )
+        )
+    elif covered * 2 < len(kube_nodes):
         guards.append(
             GuardFinding(
                 "foreign_datastore",

@@ -147,6 +147,12 @@ def test_guards_refuse_the_run_but_keep_the_full_plan(hosts: Inventory, k8s: tup
         assert plan.decisions, "a refused run still reports what it would have done"
 
 
+def test_an_empty_datastore_is_refused_with_the_settings_to_check() -> None:
+    plan = plan_run(inventory(), K8S, {}, NOW, NO_GRACE)
+    assert [g.name for g in plan.guards] == ["foreign_datastore"]
+    assert "ETCD_ENDPOINTS" in plan.guards[0].message and "DATASTORE_TYPE" in plan.guards[0].message
+
+
 def test_orphan_fraction_message_names_the_flag_to_raise() -> None:
     plan = plan_run(
         inventory(*LIVE[:1], host("g1"), host("g2")), K8S[:1], {}, NOW, replace(NO_GRACE, max_orphan_fraction=0.5)
