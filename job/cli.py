@@ -14,6 +14,7 @@ from job.config import Config, ConfigError, load
 from job.datastores.base import Datastore
 from job.datastores.etcdv2 import EtcdV2Datastore
 from job.datastores.etcdv3 import EtcdV3Datastore
+from job.datastores.kdd import KddDatastore
 from job.kube import Kube, KubeError, LeaseLock, api_client
 from job.retry import RetryPolicy
 from job.runner import Dependencies, ExitCode, run
@@ -43,11 +44,13 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
         if config.lock == "lease"
         else None
     )
-    return Dependencies(kube, datastore(config, retry), state, lock, _now, run_id)
+    return Dependencies(kube, datastore(config, retry, kube), state, lock, _now, run_id)
 
 
-def datastore(config: Config, retry: RetryPolicy) -> Datastore:
+def datastore(config: Config, retry: RetryPolicy, kube: Kube) -> Datastore:
     """The adapter for DATASTORE_TYPE; unset means etcdv3, with a check for Calico 2.x data."""
+    if config.datastore_type == "kubernetes":
+        return KddDatastore(kube)
     if config.datastore_type == "etcdv2":
         return EtcdV2Datastore(config, retry)
     legacy = None if config.datastore_type_given else EtcdV2Datastore(config, retry).has_calico_data

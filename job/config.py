@@ -15,8 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-DATASTORE_TYPES = ("etcdv3", "etcdv2")
-PLANNED_DATASTORE_TYPES = ("kubernetes",)
+DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
 
 
 class ConfigError(ValueError):
@@ -193,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
         "DATASTORE_TYPE",
         "etcdv3",
         "Calico datastore type.",
-        choices=DATASTORE_TYPES + PLANNED_DATASTORE_TYPES,
+        choices=DATASTORE_TYPES,
     ),
     Option(
         "--etcd-endpoints",
@@ -428,10 +427,6 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         return value
 
     datastore_type = text("datastore_type")
-    if datastore_type in PLANNED_DATASTORE_TYPES:
-        raise ConfigError(
-            f"datastore type {datastore_type!r} is not supported by this version yet; use etcdv3 or etcdv2"
-        )
     fraction_text = text("max_orphan_fraction")
     try:
         fraction = float(fraction_text)

@@ -167,7 +167,8 @@ def without_affinity(block: Mapping[str, object]) -> JsonObject:
     """A copy of a block that no host claims any more (it keeps lending its IPs)."""
     new: JsonObject = dict(block)  # only top-level fields change
     new["affinity"] = None
-    new.pop("affinity_claim_time", None)
+    new.pop("affinity_claim_time", None)  # etcd
+    new.pop("affinityClaimTime", None)  # Kubernetes datastore
     _bump_sequence(new)
     return new
 

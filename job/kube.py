@@ -96,7 +96,7 @@ class Kube:
         self._page_size = page_size
         self._clock = clock
 
-    def _request(
+    def request(
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """One API call with retries; a non-2xx answer raises ApiException (with its status)."""
@@ -128,7 +128,7 @@ class Kube:
 
         return self._retry.call(attempt, is_transient)
 
-    def _list(self, path: str, parse: Callable[[dict[str, Any]], T], query: dict[str, Any] | None = None) -> list[T]:
+    def list_all(self, path: str, parse: Callable[[dict[str, Any]], T], query: dict[str, Any] | None = None) -> list[T]:
         """Every item of a collection, paged, each parsed as its page arrives (a page of full Pod
         objects is large; what is kept of them is small). A 410 (expired continue) restarts it."""
         for _ in range(MAX_LIST_RESTARTS):
@@ -136,7 +136,7 @@ class Kube:
             token: str | None = None
             try:
                 while True:
-                    page = self._request("GET", path, {**(query or {}), "limit": self._page_size, "continue": token})
+                    page = self.request("GET", path, {**(query or {}), "limit": self._page_size, "continue": token})
                     items.extend(parse(item) for item in page.get("items") or [])
                     token = (page.get("metadata") or {}).get("continue") or None
                     if token is None:
@@ -150,14 +150,14 @@ class Kube:
     def list_nodes(self) -> tuple[KubeNode, ...]:
         """All Nodes, with their addresses and network-unavailable state."""
         try:
-            return tuple(self._list("/api/v1/nodes", _kube_node))
+            return tuple(self.list_all("/api/v1/nodes", _kube_node))
         except ApiException as error:
             raise KubeError(f"listing Nodes failed: HTTP {error.status} {error.reason}") from error
 
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
         try:
-            self._request("GET", f"/api/v1/nodes/{name}")
+            self.request("GET", f"/api/v1/nodes/{name}")
             return True
         except ApiException as error:
             if error.status == 404:
@@ -168,7 +168,7 @@ class Kube:
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+            return self.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -180,9 +180,9 @@ class Kube:
         collection = f"/api/v1/namespaces/{namespace}/configmaps"
         try:
             if body["metadata"].get("resourceVersion"):
-                self._request("PUT", f"{collection}/{name}", body=body)
+                self.request("PUT", f"{collection}/{name}", body=body)
             else:
-                self._request("POST", collection, body=body)
+                self.request("POST", collection, body=body)
         except ApiException as error:
             if error.status == 409:
                 raise Conflict(f"ConfigMap {namespace}/{name} changed meanwhile") from error
@@ -201,7 +201,7 @@ class Kube:
             "renewTime": _micro_time(now),
         }
         try:
-            current = self._request("GET", f"{collection}/{name}")
+            current = self.request("GET", f"{collection}/{name}")
         except ApiException as error:
             if error.status != 404:
                 raise KubeError(f"reading Lease {namespace}/{name} failed: HTTP {error.status}") from error
@@ -229,7 +229,7 @@ class Kube:
 
     def _write_lease(self, method: str, path: str, body: dict[str, Any], other: str) -> str | None:
         try:
-            self._request(method, path, body=body)
+            self.request(method, path, body=body)
             return None
         except ApiException as error:
             if error.status == 409:
@@ -240,17 +240,22 @@ class Kube:
         """Move renewTime on if the Lease is still ours; False when another run holds it now."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         try:
-            current = self._request("GET", path)
+            current = self.request("GET", path)
             spec = current.get("spec") or {}
             if spec.get("holderIdentity") != holder:
                 return False
             spec["renewTime"] = _micro_time(self._clock())
-            self._request("PUT", path, body=current)
+            self.request("PUT", path, body=current)
             return True
         except ApiException as error:
             # Gone, taken (409) or unanswerable: the lock cannot be confirmed, so stop acting.
             log.warning("lease_renewal_failed", status=error.status)
             return False
+
+    @property
+    def host(self) -> str:
+        """The API server URL, for the report."""
+        return str(self._api.configuration.host)
 
     def now(self) -> datetime:
         return self._clock()
@@ -259,13 +264,13 @@ class Kube:
         """Give the Lease up if it is still ours (a 409 or a new holder means it is not)."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         try:
-            current = self._request("GET", path)
+            current = self.request("GET", path)
             spec = current.get("spec") or {}
             if spec.get("holderIdentity") != holder:
                 return
             spec.pop("holderIdentity", None)
             spec["leaseDurationSeconds"] = 1
-            self._request("PUT", path, body=current)
+            self.request("PUT", path, body=current)
         except ApiException as error:
             log.warning("lease_release_failed", status=error.status)
 
@@ -279,7 +284,7 @@ class Kube:
             pods = [
                 pod
                 for namespace in config.calico_node_namespaces
-                for pod in self._list(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
+                for pod in self.list_all(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
             ]
             inputs.pods = tuple(self._with_previous_log(pod, config) for pod in pods)
         except ApiException as error:
@@ -288,7 +293,7 @@ class Kube:
         try:
             hooks: list[Webhook] = []
             for kind, plural in WEBHOOK_KINDS:
-                for hooks_of_one in self._list(
+                for hooks_of_one in self.list_all(
                     f"/apis/admissionregistration.k8s.io/v1/{plural}", partial(_webhooks, kind=kind)
                 ):
                     hooks.extend(hooks_of_one)
@@ -319,7 +324,7 @@ class Kube:
     def _ready_endpoints(self, namespace: str, service: str) -> int | None:
         """Ready endpoints behind a Service, from its EndpointSlices; None when not allowed to look."""
         try:
-            ready_per_slice = self._list(
+            ready_per_slice = self.list_all(
                 f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
                 _ready_in_slice,
                 {"labelSelector": f"kubernetes.io/service-name={service}"},

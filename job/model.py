@@ -66,10 +66,14 @@ class IpamHandle:
 
 @dataclass(frozen=True, slots=True)
 class CalicoHost:
-    """A Calico Node and everything stored for it that goes when the host goes."""
+    """A Calico host and everything stored for it that goes when the host goes.
+
+    `node` is its Calico Node entry; None in the Kubernetes datastore, where the Calico Node is
+    the Kubernetes Node itself and the host is known only from the data that names it.
+    """
 
     name: str
-    node: StoredItem
+    node: StoredItem | None
     k8s_node: str | None
     ipv4: str | None = None
     ipv6: str | None = None
@@ -107,6 +111,11 @@ class Inventory:
     cluster: ClusterInfo = ClusterInfo()
     problems: tuple[DataProblem, ...] = ()
     revision: int = 0
+    # Read only where the datastore offers them (Kubernetes datastore): IP pool CIDRs, the
+    # (namespace, name) of every pod, and what is known of kube-controllers.
+    pools: tuple[str, ...] = ()
+    pods: frozenset[tuple[str, str]] | None = None
+    kube_controllers: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,8 +185,9 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
         *release.block_steps,
         *_batched("update or delete IPAM handles", release.handle_writes),
         *_batched("delete endpoints, per-node config and status", keys),
-        Step("delete the Calico Node", (_delete(host.node),)),
     ]
+    if host.node is not None:
+        steps.append(Step("delete the Calico Node", (_delete(host.node),)))
     return tuple(steps), None
 
 

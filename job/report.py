@@ -41,6 +41,7 @@ class RunRecord:
     errors: list[dict[str, str]] = field(default_factory=list)
     outcome: str = "ok"
     health: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None
 
     def error(self, kind: str, message: str, key: str | None = None) -> None:
         self.errors.append({"kind": kind, "message": message, **({"key": key} if key else {})})
@@ -124,6 +125,7 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
         "errors": record.errors,
         "hosts": [_host(d) for d in record.decisions],
         "health": record.health,
+        "audit": record.audit,
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import structlog
 
 from job.apply import NodeChecker, apply_plan, fill_before
+from job.audit import ipam_audit
 from job.config import Config
 from job.datastores.base import Datastore, DatastoreError, DatastoreMismatch
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
@@ -156,6 +157,8 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         revision=inventory.revision,
     )
     record.problems(inventory.problems)
+    if inventory.kube_controllers is not None:
+        record.datastore["kube_controllers"] = dict(inventory.kube_controllers)
     try:
         grace_state = deps.state.load()
     except KubeError as error:
@@ -167,6 +170,8 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if reported:  # a crash-looping calico-node named an orphan: it gets the conflict grace too
         plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
+    if inventory.pools or inventory.pods is not None:
+        record.audit = ipam_audit(inventory, {n.name for n in kube_nodes})
     record.health = diagnose(
         health_inputs,
         kube_nodes,

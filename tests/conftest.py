@@ -104,7 +104,7 @@ class Harness:
         lease = LeaseLock(kube, config.namespace, "calico-gc", "test-run", config.lease_duration) if lock else None
         return Dependencies(
             kube,
-            datastore(config, self.retry),
+            datastore(config, self.retry, kube),
             state or FileStateStore(config.state_file or self.tmp / "state.json"),
             lease,
             lambda: self.now,

@@ -96,7 +96,7 @@ def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.Ca
         ([], {"ETCD_ENDPOINTS": "https://user:pw@etcd:2379"}, "must not carry credentials"),
         ([], {"ETCD_CERT_FILE": "/etc/hostname"}, "must be given together"),
         ([], {"ETCD_CA_CERT_FILE": "/no/such/ca.pem"}, "ETCD_CA_CERT_FILE: cannot read"),
-        ([], {"DATASTORE_TYPE": "kubernetes"}, "not supported by this version"),
+        ([], {"DATASTORE_TYPE": "consul"}, "DATASTORE_TYPE: expected one of etcdv3, etcdv2, kubernetes"),
         ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "no usable Kubernetes configuration"),
     ],
 )

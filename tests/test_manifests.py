@@ -15,7 +15,7 @@ from job.config import OPTIONS
 from job.runner import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x"]
+OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x", "kdd"]
 
 
 def kubectl() -> str:
@@ -57,7 +57,11 @@ def test_overlay_renders_a_safe_restricted_job(overlay: str) -> None:
     assert security["capabilities"]["drop"] == ["ALL"]
     assert container["resources"]["requests"] and container["resources"]["limits"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["ETCD_ENDPOINTS"]["valueFrom"]["configMapKeyRef"] == {"name": "calico-config", "key": "etcd_endpoints"}
+    assert env["ETCD_ENDPOINTS"]["valueFrom"]["configMapKeyRef"] == {
+        "name": "calico-config",
+        "key": "etcd_endpoints",
+        "optional": True,
+    }
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     secret = next(v for v in pod["volumes"] if v["name"] == "etcd-certs")["secret"]
     assert secret["secretName"] == "calico-etcd-secrets"
@@ -81,6 +85,25 @@ def test_base_is_a_dry_run_and_the_example_switches_apply_on() -> None:
     assert settings("cronjob")["CALICO_GC_APPLY"] == "false"
     assert settings("calico-2.x")["DATASTORE_TYPE"] == "etcdv2" and settings("cronjob")["DATASTORE_TYPE"] == "etcdv3"
     assert settings("examples/apply")["CALICO_GC_APPLY"] == "true"
+
+
+def test_the_kdd_overlay_may_clean_exactly_the_calico_resources() -> None:
+    docs = render("kdd")
+    settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "calico-gc-config")
+    assert settings["data"]["DATASTORE_TYPE"] == "kubernetes"
+    rules = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "calico-gc-kdd")["rules"]
+    writable = {r for rule in rules if "delete" in rule["verbs"] for r in rule["resources"]}
+    assert writable == {
+        "ipamblocks",
+        "blockaffinities",
+        "ipamhandles",
+        "felixconfigurations",
+        "bgpconfigurations",
+        "bgppeers",
+        "hostendpoints",
+        "caliconodestatuses",
+    }
+    assert all("*" not in rule["resources"] and "*" not in rule["verbs"] for rule in rules)
 
 
 def test_configmap_settings_are_all_known_to_the_job() -> None:

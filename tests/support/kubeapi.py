@@ -203,6 +203,15 @@ class KubeApiServer:
         kind = KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
         if method == "GET" and name is None:
+            if not items and "/namespaces/" not in collection:
+                # A namespaced resource listed across namespaces (GET /api/v1/pods): all of them.
+                api = collection.rsplit("/", 1)[0]
+                items = {
+                    f"{c.split('/namespaces/')[1].split('/')[0]}/{n}": obj
+                    for c, objects in self.objects.items()
+                    if c.startswith(f"{api}/namespaces/") and c.endswith(f"/{plural}")
+                    for n, obj in objects.items()
+                }
             return self._list(items, kind, query)
         if method == "POST" and name is None:
             new_name = (payload.get("metadata") or {}).get("name")
@@ -231,6 +240,16 @@ class KubeApiServer:
             payload["metadata"]["uid"] = current["metadata"]["uid"]
             return 200, self.put(collection, payload)
         if method == "DELETE":
+            preconditions = payload.get("preconditions") or {}
+            for field in ("uid", "resourceVersion"):
+                if preconditions.get(field) and preconditions[field] != current["metadata"].get(field):
+                    return 409, status_body(
+                        409,
+                        f"Precondition failed: {field} in precondition: "
+                        f"{preconditions[field]}, {field} in object meta: "
+                        f"{current['metadata'].get(field)}",
+                        details,
+                    )
             del items[name]
             return 200, current
         return 405, status_body(405, "method not allowed")

@@ -1,0 +1,231 @@
+"""The Kubernetes datastore (crd.projectcalico.org/v1) through the Kubernetes API test server:
+per-node IPAM and config left behind by a deleted node, removed as Calico would; the audit."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any
+
+from tests.conftest import Harness, hosts_by_name
+from tests.support.calico import CalicoSeed
+from tests.support.kubeapi import KubeApiServer
+
+CRD = "/apis/crd.projectcalico.org/v1"
+LIVE_A, LIVE_B, GONE = "live-a", "live-b", "worker-gone"
+
+
+def cidr_name(cidr: str) -> str:
+    return cidr.replace(".", "-").replace(":", "-").replace("/", "-")
+
+
+def seed_kdd(kubeapi: KubeApiServer) -> None:
+    ipam = CalicoSeed()
+    for cidr, host in [
+        ("100.96.1.0/26", LIVE_A),
+        ("100.96.2.0/26", LIVE_B),
+        ("100.96.9.0/26", GONE),
+        ("100.96.8.0/26", GONE),
+    ]:
+        ipam.block(cidr, host)
+        kubeapi.put(
+            f"{CRD}/blockaffinities",
+            {
+                "metadata": {
+                    "name": f"{host}-{cidr_name(cidr)}",
+                    "labels": {"projectcalico.org/affinity-type": "host"},
+                },
+                "spec": {"cidr": cidr, "node": host, "state": "confirmed", "deleted": "false", "type": "host"},
+            },
+        )
+    pods = [
+        (LIVE_A, "default", "web-a", "100.96.1.5"),
+        (LIVE_B, "default", "web-b", "100.96.2.5"),
+        (GONE, "shop", "cart-1", "100.96.9.5"),
+        (GONE, "shop", "cart-2", "100.96.1.40"),  # borrowed
+        (GONE, "shop", "cart-3", "100.96.8.5"),
+        (LIVE_B, "shop", "api-1", "100.96.8.9"),  # lent by GONE
+        (LIVE_A, "default", "ghost", "100.96.1.9"),
+    ]  # its pod is gone: a leak on a live node
+    for node, namespace, pod, ip in pods:
+        ipam.allocate(ip, f"k8s-pod-network.{pod}", node, pod=pod, namespace=namespace)
+        if node != GONE and pod != "ghost":
+            kubeapi.put(
+                f"/api/v1/namespaces/{namespace}/pods",
+                {"metadata": {"name": pod, "namespace": namespace}, "spec": {"nodeName": node}},
+            )
+    ipam.allocate("100.96.9.1", f"ipip-tunnel-addr-{GONE}", GONE, kind="ipipTunnelAddress")
+    for cidr, block in ipam.blocks.items():
+        kubeapi.put(f"{CRD}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
+    ipam.handles["k8s-pod-network.stale"] = {"block": {"100.96.2.0/26": 1}, "deleted": False}
+    for handle_id, handle in ipam.handles.items():
+        kubeapi.put(
+            f"{CRD}/ipamhandles",
+            {"metadata": {"name": handle_id.lower()}, "spec": {"handleID": handle_id, **copy.deepcopy(handle)}},
+        )
+    kubeapi.put(
+        f"{CRD}/felixconfigurations", {"metadata": {"name": f"node.{GONE}"}, "spec": {"logSeverityScreen": "Info"}}
+    )
+    kubeapi.put(f"{CRD}/felixconfigurations", {"metadata": {"name": "default"}, "spec": {}})
+    kubeapi.put(f"{CRD}/bgpconfigurations", {"metadata": {"name": f"node.{GONE}"}, "spec": {"listenPort": 179}})
+    kubeapi.put(
+        f"{CRD}/bgppeers",
+        {"metadata": {"name": "tor-gone"}, "spec": {"node": GONE, "peerIP": "10.0.0.1", "asNumber": 65001}},
+    )
+    kubeapi.put(
+        f"{CRD}/bgppeers",
+        {"metadata": {"name": "global"}, "spec": {"nodeSelector": "all()", "peerIP": "10.0.0.2", "asNumber": 65001}},
+    )
+    kubeapi.put(
+        f"{CRD}/hostendpoints", {"metadata": {"name": f"{GONE}-eth0"}, "spec": {"node": GONE, "interfaceName": "eth0"}}
+    )
+    kubeapi.put(
+        f"{CRD}/clusterinformations",
+        {"metadata": {"name": "default"}, "spec": {"clusterGUID": "kdd-guid", "datastoreReady": True}},
+    )
+    kubeapi.put(f"{CRD}/ippools", {"metadata": {"name": "default-ipv4-ippool"}, "spec": {"cidr": "100.96.0.0/16"}})
+    kubeapi.put(
+        f"{CRD}/kubecontrollersconfigurations",
+        {"metadata": {"name": "default"}, "spec": {"controllers": {"node": {"leakGracePeriod": "20m"}}}},
+    )
+    kubeapi.put(
+        "/apis/apps/v1/namespaces/kube-system/deployments",
+        {
+            "metadata": {"name": "calico-kube-controllers"},
+            "status": {"readyReplicas": 1},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "calico-kube-controllers",
+                                "env": [{"name": "ENABLED_CONTROLLERS", "value": "node"}],
+                            }
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    kubeapi.add_node(LIVE_A, "10.0.3.10")
+    kubeapi.add_node(LIVE_B, "10.0.3.11")
+
+
+def snapshot(kubeapi: KubeApiServer) -> dict[str, dict[str, Any]]:
+    return {
+        f"{collection.rsplit('/', 1)[-1]}/{name}": copy.deepcopy(obj)
+        for collection, objects in kubeapi.objects.items()
+        if collection.startswith(CRD)
+        for name, obj in objects.items()
+    }
+
+
+def kdd(harness: Harness, **overrides: Any) -> Any:
+    return harness.config(datastore_type="kubernetes", **overrides)
+
+
+def test_dry_run_plans_the_gone_node_and_changes_nothing(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    before = snapshot(harness.kubeapi)
+    report, code = harness.run(kdd(harness))
+    assert code == 0 and snapshot(harness.kubeapi) == before
+    assert [(h["name"], h["action"], h["reason"]) for h in report["hosts"]] == [
+        (GONE, "would_delete", "k8s_node_missing")
+    ]
+    assert report["datastore"]["type"] == "kubernetes" and report["datastore"]["cluster_guid"] == "kdd-guid"
+    assert report["datastore"]["kube_controllers"] == {
+        "deployment": "kube-system/calico-kube-controllers",
+        "ready_replicas": 1,
+        "node_controller": True,
+        "leak_grace_period": "20m",
+    }
+
+
+def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    before = snapshot(harness.kubeapi)
+    report, code = harness.run(kdd(harness, apply=True))
+    after = snapshot(harness.kubeapi)
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    removed = set(before) - set(after)
+    assert removed == {
+        "ipamblocks/100-96-9-0-26",  # its own block, holding only its IPs
+        f"blockaffinities/{GONE}-100-96-9-0-26",
+        f"blockaffinities/{GONE}-100-96-8-0-26",
+        "ipamhandles/k8s-pod-network.cart-1",
+        "ipamhandles/k8s-pod-network.cart-2",
+        "ipamhandles/k8s-pod-network.cart-3",
+        f"ipamhandles/ipip-tunnel-addr-{GONE}",
+        f"felixconfigurations/node.{GONE}",
+        f"bgpconfigurations/node.{GONE}",
+        "bgppeers/tor-gone",
+        f"hostendpoints/{GONE}-eth0",
+    }
+    changed = {k for k in after if after[k]["metadata"]["resourceVersion"] != before[k]["metadata"]["resourceVersion"]}
+    assert changed == {"ipamblocks/100-96-8-0-26", "ipamblocks/100-96-1-0-26"}
+    lending = after["ipamblocks/100-96-8-0-26"]["spec"]
+    assert lending["affinity"] is None and [a["secondary"]["pod"] for a in lending["attributes"]] == ["api-1"]
+    assert lending["deleted"] is False
+    borrowed = after["ipamblocks/100-96-1-0-26"]["spec"]
+    assert borrowed["allocations"][40] is None and borrowed["affinity"] == f"host:{LIVE_A}"
+    assert {a["secondary"]["pod"] for a in borrowed["attributes"]} == {"web-a", "ghost"}, "live allocations kept"
+    assert "bgppeers/global" in after and "ipamhandles/k8s-pod-network.stale" in after
+    # The empty block went through Calico's tombstone: marked deleted, then deleted with preconditions.
+    puts = harness.kubeapi.count("PUT", f"^{CRD}/ipamblocks/100-96-9-0-26$")
+    deletes = harness.kubeapi.count("DELETE", f"^{CRD}/ipamblocks/100-96-9-0-26$")
+    assert (puts, deletes) == (1, 1)
+    assert harness.kubeapi.count("PUT", f"^{CRD}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
+
+
+def test_grace_spans_runs_and_guards_refuse(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    config = kdd(harness, apply=True, grace_period=timedelta(minutes=30))
+    first, _ = harness.run(config)
+    assert hosts_by_name(first)[GONE]["action"] == "waiting_grace"
+    harness.now += timedelta(minutes=30)
+    harness.kubeapi.delete_node(LIVE_A)
+    harness.kubeapi.delete_node(LIVE_B)  # an empty Node list: refused, nothing deleted
+    before = snapshot(harness.kubeapi)
+    refused, code = harness.run(config)
+    assert code == 3 and snapshot(harness.kubeapi) == before
+    assert [g["name"] for g in refused["guards"]] == ["empty_k8s_node_list"]
+    harness.kubeapi.add_node(LIVE_A, "10.0.3.10")
+    harness.kubeapi.add_node(LIVE_B, "10.0.3.11")
+    third, code = harness.run(config)
+    assert code == 0 and hosts_by_name(third)[GONE]["action"] == "deleted"
+
+
+def test_a_409_during_a_block_update_rereads_and_decides_again(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    harness.kubeapi.fail("PUT", f"^{CRD}/ipamblocks/100-96-1-0-26$", 409)
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    assert snapshot(harness.kubeapi)["ipamblocks/100-96-1-0-26"]["spec"]["allocations"][40] is None
+    assert harness.kubeapi.count("PUT", f"^{CRD}/ipamblocks/100-96-1-0-26$") == 2
+
+
+def test_a_stale_precondition_is_a_conflict_not_a_blind_delete(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+
+    def someone_touches_the_peer() -> None:
+        peer = harness.kubeapi.get(f"{CRD}/bgppeers", "tor-gone")
+        assert peer is not None
+        harness.kubeapi.put(f"{CRD}/bgppeers", peer)  # new resourceVersion
+
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{GONE}$", someone_touches_the_peer)
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    assert harness.kubeapi.count("DELETE", f"^{CRD}/bgppeers/tor-gone$") == 2, "refused once, decided again"
+
+
+def test_the_audit_counts_leaks_on_live_nodes_empty_handles_and_pool_use(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    audit = harness.run(kdd(harness))[0]["audit"]
+    assert audit["leaked_ips"]["count"] == 1
+    assert audit["leaked_ips"]["sample"] == [
+        {"ip": "100.96.1.9", "node": LIVE_A, "pod": "default/ghost", "handle": "k8s-pod-network.ghost"}
+    ]
+    assert audit["handles_without_allocations"] == {"count": 1, "sample": ["k8s-pod-network.stale"]}
+    (pool,) = audit["pools"]
+    assert (pool["cidr"], pool["blocks"], pool["allocated"]) == ("100.96.0.0/16", 4, 8)
+    assert "calicoctl ipam check" in audit["next_step"]
