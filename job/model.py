@@ -113,6 +113,9 @@ class Inventory:
     revision: int = 0
     # Read only where the datastore offers them (Kubernetes datastore): IP pool CIDRs, the
     # (namespace, name) of every pod, and what is known of kube-controllers.
+    # False where hosts are only inferred from the data that names them (Kubernetes datastore):
+    # a node without such data is then no sign of another cluster's datastore.
+    hosts_registered: bool = True
     pools: tuple[str, ...] = ()
     pods: frozenset[tuple[str, str]] | None = None
     kube_controllers: Mapping[str, object] | None = None

@@ -130,7 +130,7 @@ def check_guards(
         return tuple(guards)
     referenced = {h.k8s_node or h.name for h in inventory.hosts} | {h.name for h in inventory.hosts}
     covered = sum(1 for node in kube_nodes if node.name in referenced)
-    if not inventory.hosts:
+    if inventory.hosts_registered and not inventory.hosts:
         guards.append(
             GuardFinding(
                 "foreign_datastore",
@@ -138,7 +138,7 @@ def check_guards(
                 "and DATASTORE_TYPE (a cluster on the Kubernetes datastore needs DATASTORE_TYPE=kubernetes)",
             )
         )
-    elif covered * 2 < len(kube_nodes):
+    elif inventory.hosts_registered and covered * 2 < len(kube_nodes):
         guards.append(
             GuardFinding(
                 "foreign_datastore",

@@ -195,6 +195,14 @@ def test_grace_spans_runs_and_guards_refuse(harness: Harness) -> None:
     assert code == 0 and hosts_by_name(third)[GONE]["action"] == "deleted"
 
 
+def test_nodes_without_calico_data_are_no_sign_of_a_foreign_datastore(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    for index in range(5):  # new nodes with no pods yet have no IPAM data at all in KDD
+        harness.kubeapi.add_node(f"fresh-{index}", f"10.0.3.{20 + index}")
+    report, code = harness.run(kdd(harness))
+    assert code == 0 and report["guards"] == [] and hosts_by_name(report)[GONE]["action"] == "would_delete"
+
+
 def test_a_409_during_a_block_update_rereads_and_decides_again(harness: Harness) -> None:
     seed_kdd(harness.kubeapi)
     harness.kubeapi.fail("PUT", f"^{CRD}/ipamblocks/100-96-1-0-26$", 409)

@@ -156,6 +156,7 @@ class KddDatastore:
             blocks=tuple(blocks),
             handles=handles,
             malformed_blocks=tuple(malformed),
+            hosts_registered=False,
             cluster=self._cluster(problems),
             problems=tuple(sorted(problems, key=lambda p: (p.key, p.kind))),
             pools=self._pools(problems),
