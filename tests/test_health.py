@@ -47,7 +47,7 @@ def calico_pod(
     waiting: str | None = None,
     log: str | None = None,
 ) -> str:
-    name = f"calico-node-{abs(hash(node)) % 100000:05d}"
+    name = f"calico-node-{node.split('.')[0]}"
     container: dict[str, Any] = {
         "name": "calico-node",
         "ready": ready,
