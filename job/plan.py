@@ -242,16 +242,17 @@ def plan_run(
     eligible.sort(key=lambda e: (not e[2], e[1], e[0].host.name))
     taken = 0
     for orphan, since, is_conflict in eligible:
+        if taken >= config.max_deletions:  # steps are worked out only for hosts this run deletes
+            decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
+            continue
         steps, problem = host_steps(orphan.host, index)
         if problem is not None:
             decisions.append(
                 HostDecision(orphan.host, Action.SKIPPED, MALFORMED_DATA, since, is_conflict, error=problem)
             )
-        elif taken < config.max_deletions:
+        else:
             taken += 1
             decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
-        else:
-            decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
     decisions.sort(key=lambda d: d.host.name)
     return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names)
 

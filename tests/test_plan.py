@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from job.config import Config
-from job.model import Action, CalicoHost, ClusterInfo, Inventory, KubeNode, StoredItem
+from job.model import Action, BlockAffinity, CalicoHost, ClusterInfo, Inventory, KubeNode, StoredItem
 from job.plan import plan_run
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -250,3 +250,21 @@ def test_planning_is_deterministic(world: tuple[Inventory, tuple[KubeNode, ...],
     assert first.decisions == again.decisions
     assert first.conflicts == again.conflicts
     assert first.next_grace_state == again.next_grace_state
+
+
+def test_a_malformed_orphan_does_not_take_a_deletion_slot() -> None:
+    config = replace(NO_GRACE, max_deletions=1)
+    state = {"a-broken": NOW - timedelta(days=2)}  # the longest orphaned, so considered first
+    affinity = BlockAffinity(StoredItem("affinity/a-broken", 3, ""), "a-broken", "10.9.0.0/26")
+    hosts = Inventory(
+        hosts=(*LIVE, host("a-broken", affinities=(affinity,)), host("b-fine"), host("c-later")),
+        malformed_blocks=("10.9.0.0/26",),
+        cluster=ClusterInfo("guid", True),
+    )
+    plan = plan_run(hosts, K8S, state, NOW, config)
+    assert [(d.host.name, str(d.action), d.reason) for d in plan.decisions] == [
+        ("a-broken", "skipped", "malformed_data"),
+        ("b-fine", "would_delete", "k8s_node_missing"),
+        ("c-later", "deferred", "max_deletions"),
+    ]
+    assert not plan.decisions[2].steps, "no work is done for deferred hosts"
