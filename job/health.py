@@ -118,12 +118,8 @@ def _cause(
     lines = (pod.previous_log or "").splitlines()
     for line in reversed(lines):
         match = CONFLICT_LINE.search(line)
-        if match:
-            ip = match.group("ip").rstrip(":.")
-            try:
-                ip = str(ipaddress.ip_address(ip))
-            except ValueError:
-                continue
+        ip = _conflict_ip(match)
+        if match and ip:
             holder = match.group("holder")
             host = hosts_by_ip.get(ip)
             details = {"ip": ip, "holder": holder, "holder_in_datastore": host is not None}
@@ -139,16 +135,26 @@ def _cause(
     return "unknown", (errors or [line.strip() for line in lines])[-5:], {}
 
 
-def log_conflicts(pods: Iterable[CalicoNodePod], orphans: set[str], restart_threshold: int) -> tuple[IpConflict, ...]:
-    """Conflicts a crash-looping calico-node names in its log, when the holder is an orphan:
-    the planner gives those orphans the conflict grace even if no Node reports the IP."""
+def _conflict_ip(match: re.Match[str] | None) -> str | None:
+    """The IP of a conflict line, normalised; the wordings end it with "." or ":"."""
+    if match is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(match.group("ip").rstrip(":.")))
+    except ValueError:
+        return None
+
+
+def log_conflicts(pods: Iterable[CalicoNodePod], restart_threshold: int) -> tuple[IpConflict, ...]:
+    """Conflicts crash-looping calico-nodes name in their logs. The planner keeps those whose
+    holder is an orphan and gives it the conflict grace even if no Node reports the IP."""
     found = []
     for pod in pods:
         if not is_crash_looping(pod, restart_threshold) or not pod.node:
             continue
         for match in CONFLICT_LINE.finditer(pod.previous_log or ""):
-            holder, ip = match.group("holder"), match.group("ip").rstrip(":.")
-            if holder in orphans and holder != pod.node:
+            holder, ip = match.group("holder"), _conflict_ip(match)
+            if ip and holder != pod.node:
                 found.append(IpConflict(ip, holder, pod.node, "calico_node_reports_conflict"))
     return tuple(sorted(set(found), key=lambda c: (c.ip, c.orphan or "", c.blocks)))
 

@@ -165,10 +165,9 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         record.error("grace_state", f"could not read grace state, every wait restarts: {error}")
         grace_state = {}
     now = deps.clock()
-    plan = plan_run(inventory, kube_nodes, grace_state, now, config)
-    reported = log_conflicts(health_inputs.pods or (), set(plan.orphans), config.restart_threshold)
-    if reported:  # a crash-looping calico-node named an orphan: it gets the conflict grace too
-        plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported)
+    # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
+    reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
+    plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
     if inventory.pools or inventory.pods is not None:
         record.audit = ipam_audit(inventory, {n.name for n in kube_nodes})

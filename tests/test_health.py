@@ -204,6 +204,7 @@ def test_crash_loop_from_a_live_hosts_ip_is_reported_not_acted_on(harness: Harne
     assert (finding["cause"], finding["holder"]) == ("ip_conflict_live", s.LIVE[2])
     assert any("nothing is deleted" in r for r in report["health"]["recommendations"])
     assert s.LIVE[2] not in hosts_by_name(report)
+    assert all(c["orphan"] != s.LIVE[2] for c in report["conflicts"]), "a live host is never a conflict orphan"
 
 
 def test_an_orphan_named_in_a_crash_log_gets_the_conflict_grace(harness: Harness) -> None:
