@@ -43,31 +43,16 @@ def broken_node_findings(kubeapi: KubeApiServer) -> None:
             "lastTransitionTime": "2026-01-01T00:00:00Z",
         }
     ]
-    for name, ready in [(n, True) for n in LIVE] + [(NEW_NODE, False)]:
-        pod = f"calico-node-{name.split('.')[0][-2:]}"
-        container = {
-            "name": "calico-node",
-            "ready": ready,
-            "restartCount": 0 if ready else 14,
-            "state": {"running": {}} if ready else {"waiting": {"reason": "CrashLoopBackOff"}},
-        }
-        kubeapi.put(
-            "/api/v1/namespaces/kube-system/pods",
-            {
-                "metadata": {"name": pod, "namespace": "kube-system", "labels": {"k8s-app": "calico-node"}},
-                "spec": {"nodeName": name},
-                "status": {
-                    "phase": "Running",
-                    "conditions": [{"type": "Ready", "status": str(ready)}],
-                    "containerStatuses": [container],
-                },
-            },
-        )
-        if not ready:
-            kubeapi.logs[("kube-system", pod)] = (
-                f"2026-11-30 05:00:01.000 [WARNING][9] startup/startup.go 1021: Calico node '{CONFLICT_ORPHAN}' "
-                "is already using the IPv4 address 10.0.1.13.\n"
-            )
+    for name in LIVE:
+        kubeapi.add_calico_node_pod(name)
+    kubeapi.add_calico_node_pod(
+        NEW_NODE,
+        ready=False,
+        restarts=14,
+        waiting="CrashLoopBackOff",
+        log=f"2026-11-30 05:00:01.000 [WARNING][9] startup/startup.go 1021: Calico node '{CONFLICT_ORPHAN}' "
+        "is already using the IPv4 address 10.0.1.13.\n",
+    )
     kubeapi.put(
         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
         {

@@ -236,21 +236,30 @@ class Kube:
                 return other  # someone else wrote the Lease first
             raise KubeError(f"writing the Lease failed: HTTP {error.status} {error.reason}") from error
 
-    def renew_lease(self, namespace: str, name: str, holder: str) -> bool:
-        """Move renewTime on if the Lease is still ours; False when another run holds it now."""
+    def _rewrite_own_lease(
+        self, namespace: str, name: str, holder: str, change: Callable[[dict[str, Any]], None], event: str
+    ) -> bool:
+        """Apply `change` to the Lease spec if it is still ours; False when it is not, or on any
+        API error (gone, taken meanwhile: 409, unanswerable), which is logged as `event`."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         try:
             current = self.request("GET", path)
-            spec = current.get("spec") or {}
+            spec = current.setdefault("spec", {})
             if spec.get("holderIdentity") != holder:
                 return False
-            spec["renewTime"] = _micro_time(self._clock())
+            change(spec)
             self.request("PUT", path, body=current)
             return True
         except ApiException as error:
-            # Gone, taken (409) or unanswerable: the lock cannot be confirmed, so stop acting.
-            log.warning("lease_renewal_failed", status=error.status)
+            log.warning(event, status=error.status)
             return False
+
+    def renew_lease(self, namespace: str, name: str, holder: str) -> bool:
+        """Move renewTime on; False means the lock cannot be confirmed, so stop acting."""
+        now = _micro_time(self._clock())
+        return self._rewrite_own_lease(
+            namespace, name, holder, lambda spec: spec.update(renewTime=now), "lease_renewal_failed"
+        )
 
     @property
     def host(self) -> str:
@@ -261,18 +270,13 @@ class Kube:
         return self._clock()
 
     def release_lease(self, namespace: str, name: str, holder: str) -> None:
-        """Give the Lease up if it is still ours (a 409 or a new holder means it is not)."""
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-        try:
-            current = self.request("GET", path)
-            spec = current.get("spec") or {}
-            if spec.get("holderIdentity") != holder:
-                return
+        """Give the Lease up if it is still ours."""
+
+        def give_up(spec: dict[str, Any]) -> None:
             spec.pop("holderIdentity", None)
             spec["leaseDurationSeconds"] = 1
-            self.request("PUT", path, body=current)
-        except ApiException as error:
-            log.warning("lease_release_failed", status=error.status)
+
+        self._rewrite_own_lease(namespace, name, holder, give_up, "lease_release_failed")
 
     # Network health (read-only)
 

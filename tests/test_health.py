@@ -38,52 +38,13 @@ API_TIMEOUT = (
 )
 
 
-def calico_pod(
-    kubeapi: KubeApiServer,
-    node: str,
-    *,
-    ready: bool = True,
-    restarts: int = 0,
-    waiting: str | None = None,
-    log: str | None = None,
-) -> str:
-    name = f"calico-node-{node.split('.')[0]}"
-    container: dict[str, Any] = {
-        "name": "calico-node",
-        "ready": ready,
-        "restartCount": restarts,
-        "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}},
-    }
-    if restarts:
-        container["lastState"] = {
-            "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-11-30T11:58:02Z"}
-        }
-    kubeapi.put(
-        PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "kube-system", "labels": {"k8s-app": "calico-node"}},
-            "spec": {"nodeName": node},
-            "status": {
-                "phase": "Running",
-                "conditions": [{"type": "Ready", "status": str(ready)}],
-                "containerStatuses": [container],
-            },
-        },
-    )
-    if log is not None:
-        kubeapi.logs[("kube-system", name)] = log
-    return name
-
-
 def crash_looping(kubeapi: KubeApiServer, node: str, log: str, restarts: int = 7) -> str:
-    return calico_pod(kubeapi, node, ready=False, restarts=restarts, waiting="CrashLoopBackOff", log=log)
+    return kubeapi.add_calico_node_pod(node, ready=False, restarts=restarts, waiting="CrashLoopBackOff", log=log)
 
 
 def healthy_pods(harness: Harness, scenario: s.Scenario) -> None:
     for name, _ in scenario.k8s_nodes:
-        calico_pod(harness.kubeapi, name)
+        harness.kubeapi.add_calico_node_pod(name)
 
 
 def network_unavailable(kubeapi: KubeApiServer, name: str, since: str, taint: bool = False) -> None:
@@ -236,7 +197,7 @@ def test_api_server_timeout_at_start_up_is_its_own_cause(harness: Harness) -> No
 def test_nodes_without_a_calico_node_pod_are_a_finding(harness: Harness) -> None:
     scenario = s.kops_cluster()
     harness.seed(scenario)
-    calico_pod(harness.kubeapi, s.LIVE[0])
+    harness.kubeapi.add_calico_node_pod(s.LIVE[0])
     health = harness.run()[0]["health"]
     assert health["nodes_without_calico_node"] == sorted([s.LIVE[1], s.LIVE[2], s.NEW_NODE])
     assert health["status"] == "degraded"

@@ -140,6 +140,39 @@ class KubeApiServer:
             },
         )
 
+    def add_calico_node_pod(
+        self, node: str, *, ready: bool = True, restarts: int = 0, waiting: str | None = None, log: str | None = None
+    ) -> str:
+        """A calico-node DaemonSet pod on `node` (kube-system); `log` is its previous container's log."""
+        name = f"calico-node-{node.split('.')[0]}"
+        container: dict[str, Any] = {
+            "name": "calico-node",
+            "ready": ready,
+            "restartCount": restarts,
+            "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}},
+        }
+        if restarts:
+            container["lastState"] = {
+                "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-11-30T11:58:02Z"}
+            }
+        self.put(
+            "/api/v1/namespaces/kube-system/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "kube-system", "labels": {"k8s-app": "calico-node"}},
+                "spec": {"nodeName": node},
+                "status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": str(ready)}],
+                    "containerStatuses": [container],
+                },
+            },
+        )
+        if log is not None:
+            self.logs[("kube-system", name)] = log
+        return name
+
     def delete_node(self, name: str) -> None:
         with self._lock:
             self.objects.get("/api/v1/nodes", {}).pop(name, None)
