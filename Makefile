@@ -5,11 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
-.PHONY: help install test lint demo run bench image clean
+.PHONY: help install test test-fast lint demo run bench image clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
 	@echo "make test   install what the tests need, start it, run every test"
+	@echo "make test-fast  every test but the slow suites (marker: slow), while you iterate"
 	@echo "make lint   ruff and mypy"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
@@ -25,6 +26,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check job tests bench demo

@@ -25,6 +25,7 @@ TUNNEL_HANDLE_PREFIXES = (
     "wireguard-v6-tunnel-addr-",
 )
 
+MAX_TXN_WRITES = 128  # etcd's default --max-txn-ops; every step is one transaction
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -55,6 +56,8 @@ def block_shape_problem(data: object, cidr: str | None = None) -> str | None:
     for index in allocations:
         if index is not None and not (type(index) is int and 0 <= index < len(attributes)):
             return f"block allocation points at missing attribute {index!r}"
+    if "sequenceNumber" in data and type(data["sequenceNumber"]) is not int:
+        return f"block sequenceNumber is {data['sequenceNumber']!r}, not a whole number"
     return None
 
 
@@ -118,7 +121,7 @@ def is_empty(block: Mapping[str, object]) -> bool:
 def _bump_sequence(block: JsonObject) -> None:
     # Calico 2.x blocks have no sequence number; never add fields that were not there.
     if "sequenceNumber" in block:
-        block["sequenceNumber"] = int(block["sequenceNumber"]) + 1
+        block["sequenceNumber"] += 1
 
 
 def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[JsonObject, Counter[str]]:
@@ -132,6 +135,7 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
     allocations: list[int | None] = list(new["allocations"])
     attributes: list[JsonObject] = new.get("attributes") or []
     unallocated = list(new["unallocated"]) if isinstance(new.get("unallocated"), list) else []
+    listed = set(unallocated)
     sequence_by_ordinal = new.get("sequenceNumberForAllocation")
     if isinstance(sequence_by_ordinal, dict):
         sequence_by_ordinal = new["sequenceNumberForAllocation"] = dict(sequence_by_ordinal)
@@ -143,7 +147,9 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
         if index is None or attributes[index].get("handle_id") == WINDOWS_RESERVED_HANDLE:
             continue
         allocations[ordinal] = None
-        unallocated.append(ordinal)
+        if ordinal not in listed:  # data that already listed it is not made worse
+            unallocated.append(ordinal)
+            listed.add(ordinal)
         if isinstance(sequence_by_ordinal, dict):
             sequence_by_ordinal.pop(str(ordinal), None)
         freed[index] += 1
@@ -173,23 +179,43 @@ def without_affinity(block: Mapping[str, object]) -> JsonObject:
     return new
 
 
-def decrement_handle(handle: Mapping[str, object], counts: Mapping[str, int]) -> JsonObject | None:
-    """Lower a handle's per-block counts; None when nothing is left and it should go.
+def handle_problem(handle: object) -> str | None:
+    """Why a parsed handle cannot be edited safely: it must be `{"block": {cidr: count}}`."""
+    if not isinstance(handle, dict) or not isinstance(handle.get("block", {}), dict):
+        return 'handle value is not {"block": {...}}'
+    for cidr, count in (handle.get("block") or {}).items():
+        if type(count) is not int or count < 0:
+            return f"handle count for {cidr} is {count!r}, not a whole number"
+    return None
 
-    Counts Calico left too high (it decrements at most once per call) just end at zero.
+
+def held_by(block: Mapping[str, Any] | None, handle_id: str) -> int:
+    """How many allocations `block` still holds for `handle_id` (0 for a deleted block)."""
+    if block is None:
+        return 0
+    attributes = block.get("attributes") or []
+    return sum(1 for i in block["allocations"] if i is not None and attributes[i].get("handle_id") == handle_id)
+
+
+def lowered_handle(handle: Mapping[str, Any], held: Mapping[str, int | None]) -> JsonObject | None:
+    """The handle with each block's count lowered to what that block still holds.
+
+    `held` maps the handle's own cidr keys to a count, or None where it is unknown (a block
+    that could not be parsed): those counts stay. Counts are never raised. None means nothing
+    is left and the handle should go. Because the target is absolute, planning this again
+    after any partial run gives the same result: a crash or a re-plan cannot decrement twice.
     """
-    new: JsonObject = dict(handle)
-    per_block = dict(new["block"]) if isinstance(new.get("block"), dict) else {}
-    for cidr, count in counts.items():
-        remaining = int(per_block.get(cidr, 0)) - count
-        if remaining > 0:
-            per_block[cidr] = remaining
-        else:
-            per_block.pop(cidr, None)
+    per_block: dict[str, int] = dict(handle.get("block") or {})
+    for cidr, count in list(per_block.items()):
+        target = held.get(cidr)
+        if target is not None and target < count:
+            if target:
+                per_block[cidr] = target
+            else:
+                del per_block[cidr]
     if not per_block:
         return None
-    new["block"] = per_block
-    return new
+    return {**handle, "block": per_block}
 
 
 @dataclass
@@ -260,10 +286,9 @@ class IpamIndex:
 
 @dataclass(frozen=True)
 class IpamRelease:
-    """The block and handle steps that free one host's addresses and affinities."""
+    """The steps that free one host's addresses and affinities, or why they cannot be planned."""
 
-    block_steps: tuple[Step, ...] = ()
-    handle_writes: tuple[Write, ...] = ()
+    steps: tuple[Step, ...] = ()
     problem: str | None = None
 
 
@@ -290,8 +315,68 @@ def _write(item: StoredItem, value: JsonObject | None) -> Write:
     return Write(item.key, item.revision, None if value is None else dump(value), item.value)
 
 
+def _normal_cidr(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError:
+        return None
+
+
+@dataclass
+class _BlockEdit:
+    """One block's planned writes; `after` is its value once they commit (None: deleted)."""
+
+    purpose: str
+    writes: list[Write]
+    after: JsonObject | None
+
+
+def _edit_block(
+    cidr: str, host: CalicoHost, index: IpamIndex, ordinals: set[int], affinity: Write | None
+) -> tuple[_BlockEdit, Counter[str]]:
+    """Free `ordinals` in the block and drop the host's claim on it (section 7A, 3-5)."""
+    block = index.blocks.get(cidr)
+    writes: list[Write] = []
+    actions: list[str] = []
+    freed: Counter[str] = Counter()
+    after: JsonObject | None = None
+    if block is not None:
+        data = after = block_data(block)
+        if ordinals:
+            data, freed = release(data, ordinals)
+            after = data
+            actions.append(f"release {sum(freed.values())} IPs")
+        if affinity_host(data) == host.name:
+            if is_empty(data):
+                writes.append(_write(block.item, None))
+                after = None
+                actions.append("delete the empty block")
+            else:
+                after = without_affinity(data)
+                writes.append(_write(block.item, after))
+                actions.append("keep the block, which still lends IPs, without affinity")
+        elif freed:
+            delete = is_empty(data) and data.get("affinity") is None
+            after = None if delete else data
+            writes.append(_write(block.item, after))
+            if delete:
+                actions.append("delete the now empty unclaimed block")
+    if affinity is not None:
+        writes.append(affinity)
+        actions.append("delete the affinity")
+    return _BlockEdit(f"block {cidr}: " + ", ".join(actions), writes, after), freed
+
+
 def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
-    """Everything IPAM holds for a gone host, as conditional writes (section 7A, 3-6)."""
+    """Everything IPAM holds for a gone host, as conditional writes (section 7A, 3-6).
+
+    Each handle is written in the step of the first block that frees one of its IPs, before
+    that block (one etcd transaction; in order where a datastore writes one key at a time),
+    and lowered to what the blocks hold once this plan is done. So no crash or conflict can
+    leave a handle counting an IP that its block no longer holds, and a later run plans the
+    same end state again. The host's tunnel handles (named after it) are repaired too: a
+    crash of an earlier version may have freed their IPs and left the count.
+    """
     known_ips = [ip for endpoint in host.workload_endpoints for ip in endpoint.ips]
     affinities = {affinity.cidr: affinity for affinity in host.affinities}
     if any(index.in_malformed_block(ip) for ip in (*known_ips, *host.tunnel_ips)) or (
@@ -299,57 +384,65 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
     ):
         return IpamRelease(problem="an IPAM block of this host could not be parsed")
     targets = _host_ordinals(host, index)
-    handle_counts: dict[str, Counter[str]] = defaultdict(Counter)
-    steps: list[Step] = []
+    edits: dict[str, _BlockEdit] = {}
+    first_freed_in: dict[str, str | None] = {}  # handle -> the block step that writes it
     for cidr in sorted(set(targets) | set(index.affine.get(host.name, ())) | set(affinities)):
-        block = index.blocks.get(cidr)
         affinity = affinities.get(cidr)
-        writes: list[Write] = []
-        actions: list[str] = []
-        if block is not None:
-            data = block_data(block)
-            changed = False
-            if targets.get(cidr):
-                data, freed = release(data, targets[cidr])
-                for handle_id, count in freed.items():
-                    handle_counts[handle_id][cidr] += count
-                changed = bool(freed)
-                actions.append(f"release {sum(freed.values())} IPs")
-            if affinity_host(data) == host.name:
-                if is_empty(data):
-                    writes.append(_write(block.item, None))
-                    actions.append("delete the empty block")
-                else:
-                    writes.append(_write(block.item, without_affinity(data)))
-                    actions.append("keep the block, which still lends IPs, without affinity")
-            elif changed:
-                delete = is_empty(data) and data.get("affinity") is None
-                writes.append(_write(block.item, None if delete else data))
-                if delete:
-                    actions.append("delete the now empty unclaimed block")
-        if affinity is not None:
-            writes.append(_write(affinity.item, None))
-            actions.append("delete the affinity")
-        if writes:
-            steps.append(Step(f"block {cidr}: " + ", ".join(actions), tuple(writes)))
-    handle_writes = []
-    for handle_id in sorted(handle_counts):
+        edit, freed = _edit_block(
+            cidr, host, index, targets.get(cidr, set()), None if affinity is None else _write(affinity.item, None)
+        )
+        if edit.writes:
+            edits[cidr] = edit
+        for handle_id in sorted(freed):
+            first_freed_in.setdefault(handle_id, cidr if edit.writes else None)
+    for prefix in TUNNEL_HANDLE_PREFIXES:
+        first_freed_in.setdefault(prefix + host.name, None)
+    handle_writes: dict[str | None, list[Write]] = defaultdict(list)
+    for handle_id, step_cidr in first_freed_in.items():
         handle = index.handles.get(handle_id)
         if handle is None:
-            continue  # a missing handle is what `calicoctl ipam check` reports; nothing to decrement
-        handle_data = parse_handle(handle.item.value or "")
-        if handle_data is None:
-            return IpamRelease(problem=f"IPAM handle {handle.item.key} could not be parsed")
-        handle_writes.append(_write(handle.item, decrement_handle(handle_data, handle_counts[handle_id])))
-    return IpamRelease(tuple(steps), tuple(handle_writes))
+            continue  # a missing handle is what `calicoctl ipam check` reports; nothing to lower
+        data = parse_handle(handle.item.value or "")
+        problem = handle_problem(data)
+        if data is None or problem is not None:
+            return IpamRelease(problem=f"IPAM handle {handle.item.key}: {problem or 'not valid JSON'}")
+        held = {key: _held_after(key, handle_id, edits, index) for key in data.get("block") or {}}
+        lowered = lowered_handle(data, held)
+        if lowered != data:
+            handle_writes[step_cidr].append(_write(handle.item, lowered))
+    steps: list[Step] = []
+    if handle_writes.get(None):
+        steps += _steps("repair IPAM handles", handle_writes[None], [])
+    for cidr, edit in edits.items():
+        steps += _steps(edit.purpose, handle_writes.get(cidr, []), edit.writes)
+    return IpamRelease(tuple(steps))
 
 
-def parse_handle(text: str) -> JsonObject | None:
-    """A handle's JSON, or None when it is not `{"block": {...}, ...}`."""
+def _held_after(key: str, handle_id: str, edits: Mapping[str, _BlockEdit], index: IpamIndex) -> int | None:
+    """What block `key` (a handle's cidr key) holds for the handle once the plan is done."""
+    cidr = _normal_cidr(key)
+    if cidr is None:
+        return None
+    if cidr in edits:
+        return held_by(edits[cidr].after, handle_id)
+    block = index.blocks.get(cidr)
+    if block is not None:
+        return held_by(block_data(block), handle_id)
+    return None if ipaddress.ip_network(cidr) in index.malformed_networks else 0
+
+
+def _steps(purpose: str, first: list[Write], then: list[Write]) -> list[Step]:
+    """One transaction where it fits; else the `first` writes go in earlier ones, never later."""
+    steps = []
+    while len(first) + len(then) > MAX_TXN_WRITES:
+        steps.append(Step(f"{purpose} (handles first)", tuple(first[:MAX_TXN_WRITES])))
+        first = first[MAX_TXN_WRITES:]
+    return [*steps, Step(purpose, tuple(first + then))]
+
+
+def parse_handle(text: str) -> Any:
+    """A handle's JSON, or None when it is not JSON at all (handle_problem checks its shape)."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except ValueError:
         return None
-    if not isinstance(value, dict) or not isinstance(value.get("block", {}), dict):
-        return None
-    return value

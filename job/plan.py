@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from job.config import Config
-from job.ipam import IpamIndex, plan_release
+from job.ipam import MAX_TXN_WRITES, IpamIndex, plan_release
 from job.model import (
     Action,
     CalicoHost,
@@ -24,8 +24,6 @@ from job.model import (
     StoredItem,
     Write,
 )
-
-MAX_TXN_WRITES = 128
 
 # Reasons, machine-readable, as they appear in the report.
 K8S_NODE_MISSING = "k8s_node_missing"
@@ -173,8 +171,8 @@ def _delete(item: StoredItem) -> Write:
 def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], str | None]:
     """The ordered transactions that remove a gone host (section 7A), or why it cannot be.
 
-    IPAM first (blocks, then handles, as Calico orders them), then the host's own keys,
-    and the Node last, so that an interrupted run leaves a host that is still found next time.
+    IPAM first (each block with the handles it frees), then the host's own keys, and the Node
+    last, so that an interrupted run leaves a host that is still found next time.
     """
     release = plan_release(host, index)
     if release.problem is not None:
@@ -182,8 +180,7 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
     keys = [_delete(endpoint.item) for endpoint in host.workload_endpoints]
     keys += [_delete(item) for item in host.owned]
     steps = [
-        *release.block_steps,
-        *_batched("update or delete IPAM handles", release.handle_writes),
+        *release.steps,
         *_batched("delete endpoints, per-node config and status", keys),
     ]
     if host.node is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from job.datastores.etcdv3 import _top_level_spec, build_inventory
-from job.ipam import block_shape_problem, decrement_handle, is_empty, release, without_affinity
+from job.ipam import block_shape_problem, handle_problem, is_empty, lowered_handle, release, without_affinity
 from job.model import StoredItem
 from job.plan import build_index, host_steps
 from tests.support.calico import CalicoSeed
@@ -100,14 +100,27 @@ def test_without_affinity_clears_the_claim_and_bumps_the_sequence() -> None:
     assert new["affinity"] is None and "affinity_claim_time" not in new and new["sequenceNumber"] == 51
 
 
-def test_handles_are_decremented_and_deleted_when_empty() -> None:
+def test_handles_are_lowered_to_what_blocks_hold_and_deleted_when_empty() -> None:
     handle = {"block": {"10.1.0.0/29": 2, "10.2.0.0/29": 1}, "deleted": False}
-    assert decrement_handle(handle, {"10.1.0.0/29": 1}) == {
+    assert lowered_handle(handle, {"10.1.0.0/29": 1, "10.2.0.0/29": None}) == {
         "block": {"10.1.0.0/29": 1, "10.2.0.0/29": 1},
         "deleted": False,
     }
-    assert decrement_handle(handle, {"10.1.0.0/29": 2, "10.2.0.0/29": 1}) is None
-    assert decrement_handle({"block": {"10.1.0.0/29": 1}}, {"10.1.0.0/29": 3}) is None  # counts left too low
+    assert lowered_handle(handle, {"10.1.0.0/29": 0, "10.2.0.0/29": 0}) is None
+    # Absolute targets: lowering twice changes nothing more, and counts are never raised.
+    once = lowered_handle(handle, {"10.1.0.0/29": 1})
+    assert once is not None and lowered_handle(once, {"10.1.0.0/29": 1}) == once
+    assert lowered_handle({"block": {"10.1.0.0/29": 1}}, {"10.1.0.0/29": 3}) == {"block": {"10.1.0.0/29": 1}}
+
+
+def test_handle_counts_that_are_not_whole_numbers_are_named() -> None:
+    assert handle_problem({"block": {"10.1.0.0/29": 1}}) is None
+    assert (
+        handle_problem({"block": {"10.1.0.0/29": "one"}}) == "handle count for 10.1.0.0/29 is 'one', not a whole number"
+    )
+    assert handle_problem({"block": {"10.1.0.0/29": None}}) is not None
+    assert handle_problem({"block": []}) is not None
+    assert handle_problem("text") is not None
 
 
 def test_block_shape_problems_are_named() -> None:
@@ -126,7 +139,7 @@ def _plan(seed: CalicoSeed, name: str) -> list[tuple[str, str | None]]:
     return [(w.key, w.value) for step in steps for w in step.writes]
 
 
-def test_gone_hosts_own_empty_block_is_deleted_with_its_affinity_in_one_step() -> None:
+def test_gone_hosts_own_empty_block_is_deleted_with_its_affinity_and_handle_in_one_step() -> None:
     seed = CalicoSeed()
     seed.block("10.9.0.0/26", "gone")
     seed.node("gone", tunnel_ip="10.9.0.1")
@@ -134,6 +147,7 @@ def test_gone_hosts_own_empty_block_is_deleted_with_its_affinity_in_one_step() -
     steps, _ = host_steps(inventory.hosts[0], build_index(inventory))
     first = steps[0]
     assert [(w.key, w.value) for w in first.writes] == [
+        ("/calico/ipam/v2/handle/ipip-tunnel-addr-gone", None),  # the handle it frees, first
         ("/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26", None),
         ("/calico/ipam/v2/host/gone/ipv4/block/10.9.0.0-26", None),
     ]

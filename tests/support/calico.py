@@ -81,6 +81,7 @@ class CalicoSeed:
 
     def block(self, cidr: str, host: str | None) -> dict[str, Any]:
         network = ipaddress.ip_network(cidr)
+        cidr = str(network)  # as Go's IPNet.String() writes it (fd00:64::/122, not fd00:64:0::/122)
         block = {
             "cidr": cidr,
             "affinity": f"host:{host}" if host else None,
@@ -134,10 +135,12 @@ class CalicoSeed:
         entry["block"][cidr] = entry["block"].get(cidr, 0) + 1
         self.keys[f"/calico/ipam/v2/handle/{handle}"] = _dump(entry)
 
-    def pod(self, node: str, namespace: str, pod: str, ip: str) -> str:
-        """A pod's workload endpoint and its IPAM allocation; returns the WEP key."""
+    def pod(self, node: str, namespace: str, pod: str, ip: str, ipv6: str | None = None) -> str:
+        """A pod's workload endpoint and its IPAM allocations (one handle for both addresses of a
+        dual-stack pod, as Calico's CNI plugin does); returns the WEP key."""
         container = hashlib.sha256(f"{node}/{namespace}/{pod}".encode()).hexdigest()[:16]
-        self.allocate(ip, f"k8s-pod-network.{container}", node, pod=pod, namespace=namespace)
+        for address in (ip, ipv6) if ipv6 else (ip,):
+            self.allocate(address, f"k8s-pod-network.{container}", node, pod=pod, namespace=namespace)
         name = "-".join(part.replace("-", "--") for part in (node, "k8s", pod, "eth0"))
         return self.resource(
             "workloadendpoints",
@@ -151,7 +154,7 @@ class CalicoSeed:
                 "pod": pod,
                 "endpoint": "eth0",
                 "serviceAccountName": "default",
-                "ipNetworks": [f"{ip}/32"],
+                "ipNetworks": [f"{ip}/32", *([f"{ipv6}/128"] if ipv6 else [])],
                 "profiles": [f"kns.{namespace}", "ksa.default.default"],
                 "interfaceName": f"cali{container[:11]}",
                 "mac": "ee:ee:ee:ee:ee:ee",
@@ -216,3 +219,39 @@ def _session() -> requests.Session:
     session = requests.Session()
     session.trust_env = False
     return session
+
+
+def ipam_problems(values: dict[str, str]) -> list[str]:
+    """What `calicoctl ipam check` would object to in etcd v3 IPAM keys, plus block validity.
+
+    Every ordinal is allocated or listed in `unallocated`, exactly once; every attribute is
+    referenced; every handle counts exactly the allocations its blocks hold for it, and no
+    handle is left that counts none.
+    """
+    problems: list[str] = []
+    held: dict[str, dict[str, int]] = {}
+    for key, text in values.items():
+        if not key.startswith("/calico/ipam/v2/assignment/"):
+            continue
+        block = json.loads(text)
+        allocations, unallocated = block["allocations"], block["unallocated"]
+        free = [o for o, index in enumerate(allocations) if index is None]
+        if sorted(unallocated) != free:
+            problems.append(f"{key}: unallocated {sorted(unallocated)} is not the free ordinals {free}")
+        referenced = {index for index in allocations if index is not None}
+        if referenced != set(range(len(block["attributes"]))):
+            problems.append(f"{key}: attributes {len(block['attributes'])} referenced {sorted(referenced)}")
+        for index in allocations:
+            if index is not None:
+                handle = block["attributes"][index]["handle_id"]
+                per_block = held.setdefault(handle, {})
+                per_block[block["cidr"]] = per_block.get(block["cidr"], 0) + 1
+    handles = {
+        key.rsplit("/", 1)[1]: json.loads(text)["block"]
+        for key, text in values.items()
+        if key.startswith("/calico/ipam/v2/handle/")
+    }
+    for handle in sorted(set(handles) | set(held)):
+        if handles.get(handle) != held.get(handle):
+            problems.append(f"handle {handle}: counts {handles.get(handle)}, blocks hold {held.get(handle)}")
+    return problems

@@ -54,3 +54,38 @@ def kops_cluster() -> Scenario:
 
     k8s = [(name, f"10.0.1.{10 + i}") for i, name in enumerate(LIVE)] + [(NEW_NODE, "10.0.1.13")]
     return Scenario(seed, k8s)
+
+
+def cross_borrowing_fleet(orphans: int) -> Scenario:
+    """Live nodes and `orphans` deleted ones whose IPAM is entangled as it is after churn.
+
+    Each orphan has its own IPv4 and IPv6 block, a tunnel address, a dual-stack pod (one handle
+    in two blocks), a dual-stack pod whose IPs it borrowed from others' blocks, per-node config and
+    a node-bound peer. A live pod holds an IP in an orphan's block, so that block must be kept
+    without its affinity.
+    """
+    seed = CalicoSeed()
+    seed.cluster_information()
+    live = [f"live-{i}" for i in range(3)]
+    for i, name in enumerate(live):
+        seed.block(f"100.64.{100 + i}.0/26", name)
+        seed.node(name, ipv4=f"10.1.0.{10 + i}", tunnel_ip=f"100.64.{100 + i}.1")
+        seed.felix(name, alive=True)
+        seed.pod(name, "default", f"web-{i}", f"100.64.{100 + i}.5")
+    names = [f"gone-{i}" for i in range(orphans)]
+    for i, name in enumerate(names):
+        seed.block(f"100.64.{i}.0/26", name)
+        seed.block(f"fd00:64:{i}::/122", name)
+        seed.node(name, ipv4=f"10.1.1.{10 + i}", tunnel_ip=f"100.64.{i}.1")
+        seed.felix(name, alive=False)
+        seed.node_config(name)
+        seed.peer(f"tor-{name}", name)
+    for i, name in enumerate(names):
+        seed.pod(name, "shop", f"cart-{i}", f"100.64.{i}.5", ipv6=f"fd00:64:{i}::5")
+        # A dual-stack pod with both IPs borrowed: IPv4 from the next orphan's block (even i) or
+        # a live node's, IPv6 from the previous orphan's. So a later host may commit its own block
+        # and then find a block that an earlier host already changed, and be planned again.
+        ipv4 = f"100.64.{i + 1}.40" if i % 2 == 0 and i + 1 < orphans else f"100.64.{100 + i % 3}.{40 + i}"
+        seed.pod(name, "shop", f"borrower-{i}", ipv4, ipv6=f"fd00:64:{(i - 1) % orphans}::{40 + i:x}")
+    seed.pod(live[1], "shop", "api-1", f"100.64.{orphans - 1}.9")
+    return Scenario(seed, [(name, f"10.1.0.{10 + i}") for i, name in enumerate(live)])
