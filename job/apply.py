@@ -22,6 +22,7 @@ log = structlog.get_logger("calico_gc.apply")
 MAX_REPLANS = 5
 K8S_NODE_RECREATED = "k8s_node_recreated"
 LOCK_LOST = "lock_lost"
+INTERRUPTED = "interrupted"
 
 
 class NodeChecker(Protocol):
@@ -90,18 +91,27 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
 
 
 def apply_plan(
-    plan: Plan, datastore: Datastore, nodes: NodeChecker, config: Config, still_held: Callable[[], bool]
+    plan: Plan,
+    datastore: Datastore,
+    nodes: NodeChecker,
+    config: Config,
+    still_held: Callable[[], bool],
+    stopping: Callable[[], bool] = lambda: False,
 ) -> tuple[HostDecision, ...]:
-    """Every planned deletion, one host at a time; one failure never stops the others, but a
-    lost lock (another run took over) stops all that remain: two runs never act at once."""
+    """Every planned deletion, one host at a time; one failure never stops the others. A lost
+    lock (another run took over) stops all that remain, so two runs never act at once, and so
+    does a stop signal: the host in flight is finished, no new one is started."""
     results = []
-    lost = False
+    halted: str | None = None
     for decision in plan.decisions:
         if decision.action is Action.WOULD_DELETE:
-            lost = lost or not still_held()
-            if lost:
-                log.warning("lock_lost", host=decision.host.name)
-                decision = replace(decision, action=Action.SKIPPED, reason=LOCK_LOST, steps=())
+            if halted is None and stopping():
+                halted = INTERRUPTED
+            if halted is None and not still_held():
+                halted = LOCK_LOST
+            if halted is not None:
+                log.warning("host_not_started", host=decision.host.name, reason=halted)
+                decision = replace(decision, action=Action.SKIPPED, reason=halted, steps=())
             else:
                 decision = apply_host(decision, datastore, nodes, config)
         results.append(decision)

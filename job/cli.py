@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import sys
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from job import __version__, logs, report
@@ -57,6 +61,26 @@ def datastore(config: Config, retry: RetryPolicy, kube: Kube) -> Datastore:
     return EtcdV3Datastore(config, retry, explain_empty=legacy)
 
 
+@contextmanager
+def stop_on_signals(stopping: threading.Event) -> Iterator[None]:
+    """SIGTERM (Kubernetes: deadline, drain, eviction) and SIGINT ask the run to stop: the write
+    in flight and its host are finished, no new host is started, the report is written and the
+    Lease released. Installing a handler also makes SIGTERM work when the job is PID 1, where
+    the kernel would otherwise ignore it."""
+
+    def handler(signum: int, _frame: object) -> None:
+        stopping.set()
+        line = {"event": "stop_requested", "signal": signal.Signals(signum).name, "level": "warning"}
+        os.write(2, (json.dumps(line) + "\n").encode())  # no logging lock inside a signal handler
+
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run once; the return value is the process exit code."""
     environ = os.environ if environ is None else environ
@@ -76,7 +100,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"calico-gc: error: {error}", file=sys.stderr)
         return ExitCode.USAGE
     try:
-        document, code = run(config, deps)
+        with stop_on_signals(deps.stopping):
+            document, code = run(config, deps)
     finally:
         deps.datastore.close()
     report.write(document, config.report_file)

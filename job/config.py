@@ -173,8 +173,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--lease-duration",
         "CALICO_GC_LEASE_DURATION",
-        "1h",
-        "How long the Lease holds without renewal; a run renews it every third of this while it deletes.",
+        "2m",
+        "How long the Lease holds without renewal; a run renews it every third of this from start to end, so "
+        "a run killed by SIGKILL locks later runs out for this long at most.",
         metavar="DURATION",
     ),
     Option(
@@ -308,7 +309,7 @@ class Config:
     report_file: Path | None = None
     lock: str = "lease"
     lock_name: str = "calico-gc"
-    lease_duration: timedelta = timedelta(hours=1)
+    lease_duration: timedelta = timedelta(minutes=2)
     namespace: str = "kube-system"
     kubeconfig: Path | None = None
     datastore_type: str = "etcdv3"
@@ -346,8 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="calico-gc: delete the Calico data of Kubernetes nodes that no longer exist. "
         "Dry run unless --apply. Every option can also be set by the environment variable "
         "named in brackets; a flag wins over the variable.",
-        epilog="Exit codes: 0 ok (also dry run, nothing to do, lock held elsewhere), 1 unexpected "
-        "error, 2 bad usage or configuration, 3 refused by a safety guard, 4 partial failure.",
+        epilog="Exit codes: 0 ok (also dry run, nothing to do, lock held elsewhere); 1 a server failed "
+        "or a bug (the report's error kind says which); 2 bad usage or configuration; 3 refused by a "
+        "safety guard; 4 partial failure; 5 network health at --fail-on; 143 stopped by SIGTERM or "
+        "SIGINT (the host in flight finished, no new one started).",
     )
     parser.add_argument("--version", action="store_true", help="Print the version and exit.")
     for option in OPTIONS:
@@ -377,6 +380,12 @@ def _int(name: str, text: str, minimum: int) -> int:
         raise ConfigError(f"{name}: expected a whole number, got {text!r}") from None
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _at_least(name: str, value: timedelta, minimum: timedelta) -> timedelta:
+    if value < minimum:
+        raise ConfigError(f"{name}: must be at least {format_duration(minimum)}, got {format_duration(value)}")
     return value
 
 
@@ -461,7 +470,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         report_file=_path(optional("report_file")),
         lock=text("lock"),
         lock_name=text("lock_name"),
-        lease_duration=parse_duration(text("lease_duration")),
+        lease_duration=_at_least("--lease-duration", parse_duration(text("lease_duration")), timedelta(seconds=3)),
         namespace=text("namespace"),
         kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
         datastore_type=datastore_type,

@@ -7,8 +7,9 @@ thousands of nodes, and tolerant of fields newer than the client.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from kubernetes.config.config_exception import ConfigException
 from job.config import Config
 from job.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
 from job.model import KubeNode, NetworkUnavailable
-from job.retry import RetryPolicy
+from job.retry import RetryPolicy, describe_error
 
 log = structlog.get_logger("calico_gc.kube")
 T = TypeVar("T")
@@ -33,6 +34,7 @@ NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
 CALICO_NODE_CONTAINER = "calico-node"
 WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 REQUEST_TIMEOUT_S = 30
+MIN_RENEW_INTERVAL_S = 1.0
 
 
 class KubeError(Exception):
@@ -353,31 +355,66 @@ def _skipped(error: ApiException) -> str:
 
 @dataclass
 class LeaseLock:
+    """One run at a time. The Lease is short and renewed by a thread for the whole run, reads
+    included, so a run killed by SIGKILL locks later runs out for one Lease duration at most."""
+
     kube: Kube
     namespace: str
     name: str
     holder: str
     duration: timedelta
     _renewed: datetime | None = None
+    _lost: threading.Event = field(default_factory=threading.Event)
+    _done: threading.Event = field(default_factory=threading.Event)
+    _renewing: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
 
     def acquire(self) -> str | None:
         other = self.kube.acquire_lease(self.namespace, self.name, self.holder, self.duration)
         if other is None:
             self._renewed = self.kube.now()
+            self._thread = threading.Thread(target=self._renew_in_background, name="lease-renewal", daemon=True)
+            self._thread.start()
         return other
 
-    def still_held(self) -> bool:
-        """Renew when a third of the duration has passed; False once another run took over."""
-        now = self.kube.now()
-        if self._renewed is not None and now - self._renewed < self.duration / 3:
+    def _renew_in_background(self) -> None:
+        interval = max(self.duration.total_seconds() / 3, MIN_RENEW_INTERVAL_S)
+        while not self._done.wait(interval):
+            if not self._renew():
+                return
+
+    def _renew(self) -> bool:
+        """Renew now; on any failure the lock counts as lost, so that nothing more is deleted."""
+        with self._renewing:
+            if self._lost.is_set():
+                return False
+            now = self.kube.now()
+            try:
+                renewed = self.kube.renew_lease(self.namespace, self.name, self.holder)
+            except Exception as error:  # unreachable after retries: the lock cannot be confirmed
+                log.warning("lease_renewal_failed", error=describe_error(error))
+                renewed = False
+            if not renewed:
+                log.warning("lock_lost", lease=f"{self.namespace}/{self.name}")
+                self._lost.set()
+                return False
+            self._renewed = now
             return True
-        if not self.kube.renew_lease(self.namespace, self.name, self.holder):
+
+    def still_held(self) -> bool:
+        """False once the Lease was lost; renews first when a third of its duration has passed."""
+        if self._lost.is_set():
             return False
-        self._renewed = now
-        return True
+        if self._renewed is not None and self.kube.now() - self._renewed < self.duration / 3:
+            return True
+        return self._renew()
 
     def release(self) -> None:
-        self.kube.release_lease(self.namespace, self.name, self.holder)
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self._lost.is_set():
+            self.kube.release_lease(self.namespace, self.name, self.holder)
 
 
 def _kube_node(item: dict[str, Any]) -> KubeNode:

@@ -7,9 +7,10 @@ flow against real servers without patching anything.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ class ExitCode(IntEnum):
     REFUSED = 3
     PARTIAL_FAILURE = 4
     UNHEALTHY = 5
+    INTERRUPTED = 143  # SIGTERM or SIGINT: what was started was finished, nothing new begun
 
 
 class Lock(Protocol):
@@ -66,6 +68,7 @@ class Dependencies:
     lock: Lock | None
     clock: Callable[[], datetime]
     run_id: str
+    stopping: threading.Event = field(default_factory=threading.Event)  # set by SIGTERM/SIGINT
 
 
 def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
@@ -88,7 +91,10 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         log.exception("unexpected_error")
         record.error("unexpected", f"{type(error).__name__}: {error}")
         record.outcome, code = "error", ExitCode.ERROR
-    if code == ExitCode.OK and record.health and at_or_above(record.health["status"], config.fail_on):
+    if deps.stopping.is_set() and code in (ExitCode.OK, ExitCode.PARTIAL_FAILURE, ExitCode.UNHEALTHY):
+        log.warning("run_interrupted")
+        record.outcome, code = "interrupted", ExitCode.INTERRUPTED
+    elif code == ExitCode.OK and record.health and at_or_above(record.health["status"], config.fail_on):
         log.warning("unhealthy", status=record.health["status"], fail_on=config.fail_on)
         record.outcome, code = "unhealthy", ExitCode.UNHEALTHY
     finished = deps.clock()
@@ -199,7 +205,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if not config.apply:
         return ExitCode.OK
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
-    record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config, still_held)
+    record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set)
     deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
     if deleted:
         # A name that comes back and is orphaned again must wait its full grace anew.

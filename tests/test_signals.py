@@ -1,0 +1,101 @@
+"""Signals and the Lease (issue 8, point 2): SIGTERM finishes the host in flight, starts no new
+one, writes the report and releases the Lease, also as PID 1; a SIGKILLed run locks later runs
+out for one short Lease duration at most; the Lease is renewed while the run reads."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.conftest import Harness, hosts_by_name
+from tests.support import calico
+from tests.support.job_process import job_argv, run_job
+from tests.support.scenario import cross_borrowing_fleet
+from tests.support.write_relay import Trigger, WriteRelay
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
+PID_ONE = ("unshare", "--pid", "--fork", "--kill-child")
+
+
+def pid_namespaces_work() -> bool:
+    try:
+        return subprocess.run([*PID_ONE, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture
+def relay(harness: Harness) -> Iterator[WriteRelay]:
+    relay = WriteRelay(harness.etcd.url)
+    yield relay
+    relay.close()
+
+
+@pytest.fixture
+def fleet(harness: Harness) -> None:
+    harness.seed(cross_borrowing_fleet(3))
+
+
+@pytest.mark.usefixtures("fleet")
+@pytest.mark.parametrize("as_pid_one", [False, True], ids=["process", "pid-1"])
+def test_sigterm_finishes_the_host_in_flight_reports_and_releases_the_lease(
+    harness: Harness, relay: WriteRelay, as_pid_one: bool
+) -> None:
+    if as_pid_one and not pid_namespaces_work():
+        pytest.skip("unshare --pid --fork is not permitted here")
+    argv = job_argv(harness.kubeapi, relay, harness.tmp)
+    # SIGTERM arrives while the first host's second transaction is on its way to etcd.
+    finished = run_job(argv, relay, Trigger(1, "sigterm"), launcher=PID_ONE if as_pid_one else ())
+    assert finished.code == 143, finished.stderr[-2000:]
+    assert "Traceback" not in finished.stderr and '"signal": "SIGTERM"' in finished.stderr
+    report = finished.report
+    assert report is not None and report["outcome"] == "interrupted" and report["exit_code"] == 143
+    hosts = hosts_by_name(report)
+    assert (hosts["gone-0"]["action"], hosts["gone-0"]["reason"]) == ("deleted", "k8s_node_missing")
+    for name in ("gone-1", "gone-2"):
+        assert (hosts[name]["action"], hosts[name]["reason"]) == ("skipped", "interrupted")
+    keys = harness.dump()
+    assert not [k for k in keys if "gone-0" in k], "the host in flight is finished"
+    assert f"{calico.R}nodes/gone-1" in keys and f"{calico.R}nodes/gone-2" in keys, "no new host is started"
+    assert calico.ipam_problems({k: v for k, (v, _) in keys.items()}) == []
+    lease = harness.kubeapi.get(LEASES, "calico-gc")
+    assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"
+
+
+@pytest.mark.usefixtures("fleet")
+def test_a_sigkilled_run_locks_out_the_next_for_one_short_lease_at_most(harness: Harness, relay: WriteRelay) -> None:
+    argv = job_argv(harness.kubeapi, relay, harness.tmp)
+    assert run_job(argv, relay, Trigger(1, "kill_after")).code == -signal.SIGKILL
+    lease = harness.kubeapi.get(LEASES, "calico-gc")
+    assert lease is not None and lease["spec"]["leaseDurationSeconds"] == 120  # the default: 2 minutes
+    config = harness.config(apply=True, max_orphan_fraction=1.0, lease_duration=timedelta(minutes=2))
+    harness.now = datetime.now(UTC)
+    report, code = harness.run(config, lock=True)
+    assert code == 0 and report["outcome"] == "lock_held", "a live-looking Lease is respected"
+    harness.now = datetime.now(UTC) + timedelta(minutes=2, seconds=1)
+    report, code = harness.run(config, lock=True)
+    assert code == 0 and report["lock"]["acquired"] and report["summary"]["deleted"] == 3
+
+
+@pytest.mark.usefixtures("fleet")
+def test_the_lease_is_renewed_while_the_run_is_still_reading(harness: Harness, relay: WriteRelay) -> None:
+    renewed = threading.Event()
+    renewals = []
+
+    def count_renewal() -> None:
+        renewals.append(1)
+        if len(renewals) == 2:
+            renewed.set()
+
+    harness.kubeapi.on("PUT", f"^{LEASES}/calico-gc$", count_renewal, times=2)
+    relay.reads_wait_for = renewed  # etcd answers no read until the Lease was renewed twice
+    argv = job_argv(harness.kubeapi, relay, harness.tmp, "--lease-duration=3s")
+    finished = run_job(argv, relay, None)
+    assert renewed.is_set(), "the Lease was not renewed during the read"
+    assert finished.code == 0, finished.stderr[-2000:]
+    assert finished.report is not None and finished.report["summary"]["deleted"] == 3
