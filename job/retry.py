@@ -33,7 +33,7 @@ def _log_retry(state: RetryCallState) -> None:
 
 
 def describe_error(error: BaseException | None) -> str:
-    """A one-line text for any error, including etcd3gw's, whose str() is empty."""
+    """A one-line text for any error, including those whose str() is empty."""
     if error is None:
         return ""
     detail = getattr(error, "detail_text", None) or str(error) or ""

@@ -225,7 +225,8 @@ def test_unreachable_etcd_is_a_clear_error(harness: Harness) -> None:
     report, code = harness.run()
     assert code == 1
     assert report["errors"][0]["kind"] == "unavailable"
-    assert "ConnectionFailedError" in report["errors"][0]["message"]
+    message = report["errors"][0]["message"]
+    assert "did not answer: Connection refused" in message and "ETCD_ENDPOINTS" in message and "\n" not in message
 
 
 def test_report_endpoints_carry_no_credentials_and_the_cluster_guid(harness: Harness) -> None:

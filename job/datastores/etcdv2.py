@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import requests
-
 from job.config import Config
 from job.datastores.base import DatastoreError
-from job.datastores.etcdv3 import Collected, _bare_ip, collect_key
+from job.datastores.etcd_http import EtcdHttp
+from job.datastores.etcdv3 import Collected, bare_ip, collect_key, k8s_node_name
 from job.model import CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint
-from job.retry import RetryPolicy, describe_error
+from job.retry import RetryPolicy
 
 HOSTS = "/calico/v1/host/"
 BGP_HOSTS = "/calico/bgp/v1/host/"
@@ -30,10 +29,6 @@ CLUSTER_GUID = "/calico/v1/config/ClusterGUID"
 READY = "/calico/v1/Ready"
 COMPARE_FAILED = 412
 NOT_FOUND = 404
-
-
-class _Transient(Exception):
-    """An etcd answer worth retrying (5xx, connection trouble)."""
 
 
 def _leaves(node: dict[str, Any]) -> Iterator[StoredItem]:
@@ -108,22 +103,18 @@ def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost
             endpoints.append(WorkloadEndpoint(item, name, tuple(n.split("/", 1)[0] for n in nets)))
             continue
         if parts == ["orchestrator_refs"]:
-            refs = collected.json(item)
-            for ref in refs if isinstance(refs, list) else []:
-                if isinstance(ref, dict) and ref.get("orchestrator") == "k8s":
-                    k8s_node = ref.get("nodeName") or None  # the first k8s entry decides, as in Calico
-                    break
+            k8s_node = k8s_node_name(collected, item.key, collected.json(item))
         owned.append(item)
     bgp = f"{BGP_HOSTS}{name}/"
     tunnel = by_key.get(own + "config/IpInIpTunnelAddr")
     return CalicoHost(
         name,
         metadata,
-        k8s_node if isinstance(k8s_node, str) else None,
-        ipv4=_bare_ip(by_key[bgp + "ip_addr_v4"].value) if bgp + "ip_addr_v4" in by_key else None,
-        ipv6=_bare_ip(by_key[bgp + "ip_addr_v6"].value) if bgp + "ip_addr_v6" in by_key else None,
+        k8s_node,
+        ipv4=bare_ip(by_key[bgp + "ip_addr_v4"].value) if bgp + "ip_addr_v4" in by_key else None,
+        ipv6=bare_ip(by_key[bgp + "ip_addr_v6"].value) if bgp + "ip_addr_v6" in by_key else None,
         # Calico 2.6 allocated the IPIP address without a handle: only this key finds it.
-        tunnel_ips=tuple(ip for ip in [_bare_ip(tunnel.value)] if ip) if tunnel else (),
+        tunnel_ips=tuple(ip for ip in [bare_ip(tunnel.value)] if ip) if tunnel else (),
         felix_alive=f"{FELIX_HOSTS}{name}/status" in by_key,
         workload_endpoints=tuple(endpoints),
         affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
@@ -137,46 +128,22 @@ class EtcdV2Datastore:
     type = "etcdv2"
 
     def __init__(self, config: Config, retry: RetryPolicy) -> None:
-        self._endpoints = [endpoint.url for endpoint in config.etcd_endpoints]
-        self._current = 0
-        self._retry = retry
-        self._timeout = config.etcd_timeout.total_seconds()
-        self._session = requests.Session()
-        self._session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace the etcd CA
-        if config.etcd_ca_cert_file:
-            self._session.verify = str(config.etcd_ca_cert_file)
-        if config.etcd_cert_file and config.etcd_key_file:
-            self._session.cert = (str(config.etcd_cert_file), str(config.etcd_key_file))
+        self._http = EtcdHttp(config, retry)
 
     def describe(self) -> dict[str, object]:
-        return {"type": self.type, "endpoints": list(self._endpoints)}
-
-    def _call(
-        self, method: str, key: str, params: dict[str, Any] | None = None, data: dict[str, str] | None = None
-    ) -> requests.Response:
-        def attempt() -> requests.Response:
-            url = f"{self._endpoints[self._current]}/v2/keys{key}"
-            try:
-                response = self._session.request(method, url, params=params, data=data, timeout=self._timeout)
-            except requests.RequestException as error:
-                self._current = (self._current + 1) % len(self._endpoints)  # try the next endpoint
-                raise _Transient(f"{type(error).__name__}: {error}") from error
-            if response.status_code >= 500:
-                raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
-            return response
-
-        try:
-            return self._retry.call(attempt, lambda error: isinstance(error, _Transient))
-        except _Transient as error:
-            raise DatastoreError(f"etcd v2 {method} {key} failed: {describe_error(error)}") from error
+        return {"type": self.type, "endpoints": self._http.endpoints}
 
     def _get(self, key: str, recursive: bool = False) -> dict[str, Any] | None:
-        response = self._call("GET", key, {"recursive": "true"} if recursive else None)
-        if response.status_code == NOT_FOUND:
+        status, answer = self._http.request(
+            "GET", f"/v2/keys{key}", params={"recursive": "true"} if recursive else None, expect=(200, NOT_FOUND)
+        )
+        if status == NOT_FOUND:
             return None
-        if response.status_code != 200:
-            raise DatastoreError(f"etcd v2 GET {key}: HTTP {response.status_code} {response.text[:200]}")
-        node: dict[str, Any] = response.json()["node"]
+        node = answer.get("node") if isinstance(answer, dict) else None
+        if not isinstance(node, dict):
+            raise DatastoreError(
+                f"etcd v2 GET {key} answered without a node: not the etcd v2 API? check ETCD_ENDPOINTS"
+            )
         return node
 
     def has_calico_data(self) -> bool:
@@ -204,15 +171,15 @@ class EtcdV2Datastore:
     def commit(self, step: Step) -> bool:
         """Each write conditional on its prevIndex, in order; stop at the first failed compare."""
         for write in step.writes:
-            params = {"prevIndex": str(write.revision)}
-            if write.value is None:
-                response = self._call("DELETE", write.key, params)
-            else:
-                response = self._call("PUT", write.key, params, {"value": write.value})
-            if response.status_code in (COMPARE_FAILED, NOT_FOUND):
+            status, _ = self._http.request(
+                "DELETE" if write.value is None else "PUT",
+                f"/v2/keys{write.key}",
+                params={"prevIndex": str(write.revision)},
+                data=None if write.value is None else {"value": write.value},
+                expect=(200, 201, COMPARE_FAILED, NOT_FOUND),
+            )
+            if status in (COMPARE_FAILED, NOT_FOUND):
                 return False
-            if response.status_code not in (200, 201):
-                raise DatastoreError(f"etcd v2 write {write.key}: HTTP {response.status_code} {response.text[:200]}")
             if write.value is None and write.key.startswith(HOSTS) and write.key.endswith("/metadata"):
                 self._prune(write.key[len(HOSTS) :].rsplit("/", 1)[0])
         return True
@@ -225,10 +192,11 @@ class EtcdV2Datastore:
             if node is None:
                 continue
             for directory in sorted(_directories(node), key=lambda d: -d.count("/")):
-                self._call("DELETE", directory, {"dir": "true"})
+                # 403 "directory not empty": something was written there meanwhile, so it stays.
+                self._http.request("DELETE", f"/v2/keys{directory}", params={"dir": "true"}, expect=(200, 403, 404))
 
     def close(self) -> None:
-        self._session.close()
+        self._http.close()
 
 
 def _directories(node: dict[str, Any]) -> Iterator[str]:

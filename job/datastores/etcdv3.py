@@ -1,4 +1,4 @@
-"""Calico 3.x on etcd v3, through etcd's JSON gateway with etcd3gw.
+"""Calico 3.x on etcd v3, through etcd's JSON gateway (job/datastores/etcd_http.py).
 
 The key layout (calico-datamodel.md, section 1) is known only here: reading turns keys into
 the shared model, committing turns conditional writes back into etcd transactions.
@@ -19,17 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import requests
-from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import (
-    ConnectionFailedError,
-    ConnectionTimeoutError,
-    Etcd3Exception,
-    InternalServerError,
-)
-
-from job.config import Config, EtcdEndpoint
+from job.config import Config
 from job.datastores.base import DatastoreError, DatastoreMismatch
+from job.datastores.etcd_http import EtcdHttp
 from job.ipam import block_shape_problem, summarize_block
 from job.model import (
     BlockAffinity,
@@ -43,7 +35,7 @@ from job.model import (
     StoredItem,
     WorkloadEndpoint,
 )
-from job.retry import RetryPolicy, describe_error
+from job.retry import RetryPolicy
 
 RESOURCES = "/calico/resources/v3/projectcalico.org/"
 NODES = RESOURCES + "nodes/"
@@ -85,7 +77,6 @@ TUNNEL_FIELDS = (
     ("wireguard", "interfaceIPv6Address"),
 )
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-TRANSIENT_ERRORS = (ConnectionFailedError, ConnectionTimeoutError, InternalServerError)
 
 
 def _b64(text: str) -> str:
@@ -130,7 +121,7 @@ def _top_level_spec(text: str) -> Any:
     return spec if isinstance(spec, dict) and text[end:].strip() == "}" else None
 
 
-def _bare_ip(text: Any) -> str | None:
+def bare_ip(text: Any) -> str | None:
     """`10.0.1.23/19` or `10.0.1.23` as `10.0.1.23`; None for anything else."""
     if not isinstance(text, str) or not text:
         return None
@@ -138,6 +129,24 @@ def _bare_ip(text: Any) -> str | None:
         return str(ipaddress.ip_interface(text).ip)
     except ValueError:
         return None
+
+
+def k8s_node_name(collected: Collected, key: str, refs: Any) -> str | None:
+    """The Kubernetes Node named by the first `k8s` orchRef, as Calico decides; an empty name
+    means "not Kubernetes". A value of the wrong type is reported, not silently skipped."""
+    if refs is None:
+        return None
+    if not isinstance(refs, list):
+        collected.problem("malformed_value", key, f"orchRefs is a {type(refs).__name__}, not a list; read as none")
+        return None
+    for ref in refs:
+        if isinstance(ref, dict) and ref.get("orchestrator") == "k8s":
+            name = ref.get("nodeName")
+            if name is not None and not isinstance(name, str):
+                collected.problem("malformed_value", key, f"orchRefs nodeName is {name!r}, not a name; read as none")
+                return None
+            return name or None
+    return None
 
 
 def _cidr_from_key(segment: str) -> str | None:
@@ -285,18 +294,13 @@ def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
         if value is not None:
             collected.problem("malformed_value", node.key, "Calico Node without a spec")
         return replace(host, problem="its Calico Node value could not be parsed")
-    k8s_node = None
-    refs = spec.get("orchRefs")
-    for ref in refs if isinstance(refs, list) else []:
-        if isinstance(ref, dict) and ref.get("orchestrator") == "k8s":
-            k8s_node = ref.get("nodeName") or None  # the first k8s entry decides, as in Calico
-            break
-    tunnels = tuple(ip for ip in (_bare_ip(_dig(spec, *path)) for path in TUNNEL_FIELDS) if ip)
+    k8s_node = k8s_node_name(collected, node.key, spec.get("orchRefs"))
+    tunnels = tuple(ip for ip in (bare_ip(_dig(spec, *path)) for path in TUNNEL_FIELDS) if ip)
     return replace(
         host,
-        k8s_node=k8s_node if isinstance(k8s_node, str) else None,
-        ipv4=_bare_ip(_dig(spec, "bgp", "ipv4Address")),
-        ipv6=_bare_ip(_dig(spec, "bgp", "ipv6Address")),
+        k8s_node=k8s_node,
+        ipv4=bare_ip(_dig(spec, "bgp", "ipv4Address")),
+        ipv6=bare_ip(_dig(spec, "bgp", "ipv6Address")),
         tunnel_ips=tunnels,
     )
 
@@ -326,27 +330,12 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
     )
 
 
-def _is_transient(error: BaseException) -> bool:
-    return isinstance(error, TRANSIENT_ERRORS) or (
-        isinstance(error, Etcd3Exception) and "leader" in (error.detail_text or "").lower()
-    )
-
-
-def _client(endpoint: EtcdEndpoint, config: Config) -> Etcd3Client:
-    session = requests.Session()
-    # Without this, REQUESTS_CA_BUNDLE in the environment silently replaces the etcd CA.
-    session.trust_env = False
-    if config.etcd_ca_cert_file:
-        session.verify = str(config.etcd_ca_cert_file)
-    if config.etcd_cert_file and config.etcd_key_file:
-        session.cert = (str(config.etcd_cert_file), str(config.etcd_key_file))
-    return Etcd3Client(
-        host=endpoint.host,
-        port=endpoint.port,
-        protocol=endpoint.scheme,
-        timeout=config.etcd_timeout.total_seconds(),
-        session=session,
-    )
+def gateway_prefix(version: str) -> str:
+    """The JSON gateway's path for an etcd server version: /v3 from etcd 3.4 on, /v3beta in 3.3."""
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if major_minor and major_minor < (3, 3):
+        return "/v3alpha"
+    return "/v3beta" if major_minor == (3, 3) else "/v3"
 
 
 class EtcdV3Datastore:
@@ -354,51 +343,30 @@ class EtcdV3Datastore:
 
     type = "etcdv3"
 
-    def __init__(
-        self,
-        config: Config,
-        retry: RetryPolicy,
-        client_factory: Callable[[EtcdEndpoint, Config], Etcd3Client] = _client,
-        explain_empty: Callable[[], bool] | None = None,
-    ) -> None:
+    def __init__(self, config: Config, retry: RetryPolicy, explain_empty: Callable[[], bool] | None = None) -> None:
         self._explain_empty = explain_empty
-        self._endpoints = config.etcd_endpoints
-        self._config = config
-        self._client_factory = client_factory
-        self._local = threading.local()  # one HTTP session per thread: requests.Session is not thread-safe
-        self._all_clients: list[Etcd3Client] = []
-        self._clients_lock = threading.Lock()
-        self._current = 0
-        self._retry = retry
+        self._http = EtcdHttp(config, retry)
         self._page_size = config.page_size
-
-    def _clients(self) -> list[Etcd3Client]:
-        clients: list[Etcd3Client] | None = getattr(self._local, "clients", None)
-        if clients is None:
-            clients = [self._client_factory(endpoint, self._config) for endpoint in self._endpoints]
-            self._local.clients = clients
-            with self._clients_lock:
-                self._all_clients.extend(clients)
-        return clients
+        self._prefix: str | None = None
 
     def describe(self) -> dict[str, object]:
-        return {"type": self.type, "endpoints": [endpoint.url for endpoint in self._endpoints]}
+        return {"type": self.type, "endpoints": self._http.endpoints}
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        def attempt() -> dict[str, Any]:
-            clients = self._clients()
-            client = clients[self._current % len(clients)]
-            try:
-                response: dict[str, Any] = client.post(client.get_url(path), json=body)
-                return response
-            except TRANSIENT_ERRORS:
-                self._current = (self._current + 1) % len(clients)  # try the next endpoint
-                raise
-
+        if self._prefix is None:  # asked once, before any worker thread starts
+            _, version = self._http.request("GET", "/version")
+            self._prefix = gateway_prefix(str(version.get("etcdserver", "")) if isinstance(version, dict) else "")
+        _, answer = self._http.request("POST", self._prefix + path, json_body=body)
+        header = answer.get("header") if isinstance(answer, dict) else None
         try:
-            return self._retry.call(attempt, _is_transient)
-        except Etcd3Exception as error:
-            raise DatastoreError(f"etcd {path} failed: {describe_error(error)}") from error
+            int(header["revision"])  # type: ignore[index]
+        except (TypeError, KeyError, ValueError):
+            raise DatastoreError(
+                f"etcd {path} answered without a revision header: not etcd's v3 JSON gateway? "
+                "check ETCD_ENDPOINTS (--etcd-endpoints)"
+            ) from None
+        assert isinstance(answer, dict)
+        return answer
 
     def _range(self, start: str, end: str | None, revision: int | None) -> dict[str, Any]:
         body: dict[str, Any] = {"key": _b64(start), "limit": self._page_size}
@@ -512,6 +480,4 @@ class EtcdV3Datastore:
         return bool(response.get("succeeded", False))
 
     def close(self) -> None:
-        with self._clients_lock:
-            for client in self._all_clients:
-                client.session.close()
+        self._http.close()

@@ -1,0 +1,145 @@
+"""HTTP to etcd, for both its v3 JSON gateway and the v2 keys API: one home for the sessions,
+TLS, endpoint failover, retries, and for turning every failure into one DatastoreError line
+that names the server and the setting to check.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Collection
+from typing import Any
+
+import requests
+
+from job.config import Config
+from job.datastores.base import DatastoreError
+from job.retry import RetryPolicy
+
+ENDPOINTS_HINT = "check ETCD_ENDPOINTS (--etcd-endpoints)"
+TLS_HINT = "check ETCD_CA_CERT_FILE, ETCD_CERT_FILE and ETCD_KEY_FILE"
+
+
+class _Transient(Exception):
+    """Worth another attempt, at the next endpoint: no answer, 5xx, or no etcd leader yet."""
+
+
+class _Final(Exception):
+    """Not worth another attempt: TLS refused, credentials refused, or not etcd at all."""
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _tls_reason(error: requests.exceptions.SSLError) -> str:
+    text = str(error)
+    for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate required", "unknown ca", "bad certificate", "hostname"):
+        if marker.lower() in text.lower():
+            start = text.lower().index(marker.lower())
+            return _one_line(text[start:], 120).rstrip(")'\"")
+    return _one_line(text, 120)
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def network_reason(error: BaseException) -> str:
+    """`Connection refused`, `timed out`, `Name or service not known`: the part a person needs."""
+    if isinstance(error, requests.Timeout):
+        return "timed out"
+    found = _ERRNO.search(str(error))
+    return found.group(1).strip() if found else type(error).__name__
+
+
+class EtcdHttp:
+    """Requests to the configured endpoints, the next one after a connection failure."""
+
+    def __init__(self, config: Config, retry: RetryPolicy) -> None:
+        self._endpoints = [endpoint.url for endpoint in config.etcd_endpoints]
+        self._timeout = config.etcd_timeout.total_seconds()
+        self._verify: str | bool = str(config.etcd_ca_cert_file) if config.etcd_ca_cert_file else True
+        self._cert = (
+            (str(config.etcd_cert_file), str(config.etcd_key_file))
+            if config.etcd_cert_file and config.etcd_key_file
+            else None
+        )
+        self._retry = retry
+        self._current = 0
+        self._local = threading.local()  # requests.Session is not thread-safe: one per thread
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints)
+
+    def _session(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace the etcd CA
+            session.verify = self._verify
+            session.cert = self._cert
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        data: dict[str, str] | None = None,
+        expect: Collection[int] = (200,),
+    ) -> tuple[int, Any]:
+        """One call, retried on transient failures; returns (status, parsed JSON).
+
+        A status outside `expect` raises DatastoreError with etcd's own message, except 5xx and
+        "no leader" answers, which are retried first.
+        """
+
+        def attempt() -> tuple[int, Any]:
+            url = self._endpoints[self._current] + path
+            try:
+                response = self._session().request(
+                    method, url, json=json_body, params=params, data=data, timeout=self._timeout
+                )
+            except requests.exceptions.SSLError as error:
+                raise _Final(f"TLS to etcd at {url} failed: {_tls_reason(error)}; {TLS_HINT}") from error
+            except requests.RequestException as error:
+                self._current = (self._current + 1) % len(self._endpoints)  # try the next endpoint
+                raise _Transient(f"etcd at {url} did not answer: {network_reason(error)}") from error
+            try:
+                parsed = response.json()
+            except ValueError:
+                kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+                raise _Final(
+                    f"{url} answered HTTP {response.status_code} with {kind}, not etcd's JSON API; {ENDPOINTS_HINT} "
+                    "(a proxy or another service?)"
+                ) from None
+            if response.status_code in expect:
+                return response.status_code, parsed
+            message = _one_line(
+                str(parsed.get("message") or parsed.get("error") or parsed) if isinstance(parsed, dict) else str(parsed)
+            )
+            if response.status_code >= 500 or "leader" in message.lower():
+                raise _Transient(f"etcd at {url}: HTTP {response.status_code} {message}")
+            if response.status_code in (401, 403):
+                raise _Final(f"etcd at {url} refused the request (HTTP {response.status_code}: {message}); {TLS_HINT}")
+            raise _Final(f"etcd {method} {path}: HTTP {response.status_code} {message}")
+
+        try:
+            return self._retry.call(attempt, lambda error: isinstance(error, _Transient))
+        except _Transient as error:
+            raise DatastoreError(f"{error}; gave up after retries, {ENDPOINTS_HINT}") from error
+        except _Final as error:
+            raise DatastoreError(str(error)) from error
+
+    def close(self) -> None:
+        with self._lock:
+            for session in self._sessions:
+                session.close()
