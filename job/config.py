@@ -22,6 +22,8 @@ class ConfigError(ValueError):
     """A bad flag or environment value: one line for the operator, exit code 2."""
 
 
+# Escapes, character classes and {m,n} quantifiers: the places a comma may stand in a pattern.
+_QUANTIFIERS_AND_CLASSES = re.compile(r"\\.|\[[^\]]*\]|\{\d*,\d*\}")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -67,8 +69,12 @@ def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
     """Calico's ETCD_ENDPOINTS: comma-separated http(s) URLs. Credentials are refused."""
     endpoints = []
     for raw in filter(None, (part.strip() for part in text.split(","))):
-        parts = urlsplit(raw)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(raw)
+            hostname = parts.hostname
+        except ValueError as error:  # e.g. an unclosed IPv6 bracket
+            raise ConfigError(f"invalid etcd endpoint {raw!r}: {error}") from None
+        if parts.scheme not in ("http", "https") or not hostname:
             raise ConfigError(f"invalid etcd endpoint {raw!r}: expected http(s)://host:port")
         if parts.username or parts.password:
             raise ConfigError("etcd endpoints must not carry credentials; use client certificates")
@@ -76,7 +82,7 @@ def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
             port = parts.port or 2379
         except ValueError as error:
             raise ConfigError(f"invalid etcd endpoint {raw!r}: {error}") from None
-        endpoints.append(EtcdEndpoint(parts.scheme, parts.hostname, port))
+        endpoints.append(EtcdEndpoint(parts.scheme, hostname, port))
     if not endpoints:
         raise ConfigError("no etcd endpoints given (ETCD_ENDPOINTS or --etcd-endpoints)")
     return tuple(endpoints)
@@ -142,8 +148,9 @@ OPTIONS: tuple[Option, ...] = (
         "--exclude",
         "CALICO_GC_EXCLUDE",
         None,
-        "Regular expression of host names never to "
-        "touch (full match; repeatable; the variable takes a comma-separated list).",
+        "Regular expression of host names never to touch (full match; repeatable; the variable takes one "
+        "pattern per line). A comma outside a {m,n} quantifier is refused: host names have none, and the "
+        "variable was once comma-separated.",
         metavar="REGEX",
         repeatable=True,
     ),
@@ -420,7 +427,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         value = args[dest]
         if value is None and environ.get(option.env):
             env_value = environ[option.env]
-            value = [p.strip() for p in env_value.split(",") if p.strip()] if option.repeatable else env_value
+            value = [p.strip() for p in env_value.splitlines() if p.strip()] if option.repeatable else env_value
             if option.choices and env_value not in option.choices:
                 raise ConfigError(f"{option.env}: expected one of {', '.join(option.choices)}, got {env_value!r}")
         raw[dest] = value if value is not None else option.default
@@ -429,6 +436,13 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         value = raw[dest]
         assert isinstance(value, str)
         return value
+
+    def duration(dest: str) -> timedelta:
+        option = next(o for o in OPTIONS if o.flag == "--" + dest.replace("_", "-"))
+        try:
+            return parse_duration(text(dest))
+        except ConfigError as error:
+            raise ConfigError(f"{option.flag} ({option.env}): {error}") from None
 
     def optional(dest: str) -> str | None:
         value = raw[dest]
@@ -449,18 +463,33 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
             re.compile(pattern)
         except re.error as error:
             raise ConfigError(f"--exclude {pattern!r}: {error}") from None
+        if "," in _QUANTIFIERS_AND_CLASSES.sub("", pattern):
+            raise ConfigError(
+                f"--exclude {pattern!r} (CALICO_GC_EXCLUDE): a comma outside a {{m,n}} quantifier matches no host "
+                "name; give one pattern per line (or repeat --exclude)"
+            )
+    if (
+        args["etcd_endpoints"] is None
+        and "ETCD_ENDPOINTS" in environ
+        and not environ["ETCD_ENDPOINTS"].strip()
+        and datastore_type != "kubernetes"
+    ):
+        raise ConfigError(
+            "ETCD_ENDPOINTS is set but empty (does calico-config lack etcd_endpoints?): set it, or "
+            "DATASTORE_TYPE=kubernetes for the Kubernetes datastore; an empty value never means 127.0.0.1"
+        )
     cert, key = optional("etcd_cert_file"), optional("etcd_key_file")
     if bool(cert) != bool(key):
         raise ConfigError("ETCD_CERT_FILE and ETCD_KEY_FILE must be given together")
     endpoints = parse_endpoints(text("etcd_endpoints"))
-    etcd_timeout = parse_duration(text("etcd_timeout"))
+    etcd_timeout = duration("etcd_timeout")
     if etcd_timeout <= timedelta(0):
         raise ConfigError("--etcd-timeout: must be above 0")
     kubeconfig = optional("kubeconfig")
     return Config(
         apply=_bool("--apply", text("apply")),
-        grace_period=parse_duration(text("grace_period")),
-        conflict_grace_period=parse_duration(text("conflict_grace_period")),
+        grace_period=duration("grace_period"),
+        conflict_grace_period=duration("conflict_grace_period"),
         max_deletions=_int("--max-deletions", text("max_deletions"), 0),
         max_orphan_fraction=fraction,
         unreferenced=text("unreferenced"),
@@ -470,7 +499,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         report_file=_path(optional("report_file")),
         lock=text("lock"),
         lock_name=text("lock_name"),
-        lease_duration=_at_least("--lease-duration", parse_duration(text("lease_duration")), timedelta(seconds=3)),
+        lease_duration=_at_least("--lease-duration", duration("lease_duration"), timedelta(seconds=3)),
         namespace=text("namespace"),
         kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
         datastore_type=datastore_type,
@@ -482,9 +511,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         etcd_timeout=etcd_timeout,
         page_size=_int("--page-size", text("page_size"), 1),
         retry_attempts=_int("--retry-attempts", text("retry_attempts"), 1),
-        retry_timeout=parse_duration(text("retry_timeout")),
+        retry_timeout=duration("retry_timeout"),
         log_level=text("log_level"),
-        network_unavailable_threshold=parse_duration(text("network_unavailable_threshold")),
+        network_unavailable_threshold=duration("network_unavailable_threshold"),
         restart_threshold=_int("--restart-threshold", text("restart_threshold"), 1),
         calico_node_namespaces=tuple(n.strip() for n in text("calico_node_namespaces").split(",") if n.strip()),
         calico_node_selector=text("calico_node_selector"),

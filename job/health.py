@@ -52,6 +52,7 @@ class CalicoNodePod:
     last_finished_at: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     previous_log: str | None = None
+    log_error: str | None = None  # why the previous log could not be read (kubelet unreachable, ...)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ def _cause(
     if timeouts:
         return "apiserver_unreachable", timeouts[-5:], {}
     errors = [line.strip() for line in lines if ERROR_LINE.search(line)]
+    if pod.log_error is not None:
+        return "unknown", [f"previous log not readable: {pod.log_error}"], {}
     return "unknown", (errors or [line.strip() for line in lines])[-5:], {}
 
 

@@ -7,11 +7,14 @@ thousands of nodes, and tolerant of fields newer than the client.
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
@@ -38,36 +41,90 @@ MIN_RENEW_INTERVAL_S = 1.0
 
 
 class KubeError(Exception):
-    """The Kubernetes API failed for good (after retries where they make sense)."""
+    """The Kubernetes API failed for good (after retries where they make sense): the one error
+    this boundary raises. `status` is the HTTP status, None when no answer came."""
+
+    def __init__(self, message: str, status: int | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind or ("unauthorized" if status in (401, 403) else "unavailable")
 
 
-class Conflict(Exception):
+class Conflict(KubeError):
     """A write lost a resourceVersion race (HTTP 409)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 409)
+
+
+def _is_tls(error: BaseException) -> bool:
+    reason = getattr(error, "reason", None)
+    return isinstance(error, urllib3.exceptions.SSLError) or isinstance(reason, urllib3.exceptions.SSLError)
 
 
 def is_transient(error: BaseException) -> bool:
+    """429/5xx and lost connections are worth another attempt; TLS refusals are not."""
     if isinstance(error, ApiException):
         return error.status in RETRYABLE_STATUSES
+    if _is_tls(error):
+        return False
     return isinstance(error, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
 def api_client(config: Config) -> k8s.ApiClient:
-    """In a pod, the in-cluster configuration; elsewhere --kubeconfig or KUBECONFIG."""
-    try:
-        if config.kubeconfig is None:
+    """In a pod, the in-cluster configuration; elsewhere --kubeconfig, KUBECONFIG or
+    ~/.kube/config, as kubectl looks. Any unusable configuration is one KubeError line."""
+    path = config.kubeconfig
+    if path is None and "KUBERNETES_SERVICE_HOST" not in os.environ:
+        default = Path.home() / ".kube" / "config"
+        path = default if default.is_file() else None
+    if path is None:
+        try:
             k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return k8s.ApiClient()
-        configuration = k8s.Configuration()
+        except ConfigException as error:
+            raise KubeError(
+                f"no Kubernetes configuration: not in a pod ({error}) and no kubeconfig; set --kubeconfig or "
+                "KUBECONFIG",
+                kind="config",
+            ) from error
+        return k8s.ApiClient()
+    configuration = k8s.Configuration()
+    try:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(config.kubeconfig), client_configuration=configuration
+            config_file=str(path), client_configuration=configuration
         )
-        return k8s.ApiClient(configuration)
-    except (ConfigException, OSError) as error:
-        raise KubeError(f"no usable Kubernetes configuration: {error}") from error
+    except Exception as error:  # YAML errors, wrong types, missing files: all the same to an operator
+        first = " ".join(str(error).split())[:200] or type(error).__name__
+        raise KubeError(
+            f"kubeconfig {path} is not usable: {first}; check --kubeconfig or KUBECONFIG", kind="config"
+        ) from error
+    return k8s.ApiClient(configuration)
+
+
+def _status_message(error: ApiException) -> str:
+    """The API server's own message from a Status body, else the HTTP reason."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    return " ".join(str(message or error.reason or "").split())[:300]
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def _one_line(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
+
+
+def _network_reason(error: object) -> str:
+    found = _ERRNO.search(str(error))
+    return found.group(1).strip() if found else _one_line(str(error), 160) or type(error).__name__
 
 
 def _micro_time(moment: datetime) -> str:
@@ -101,12 +158,62 @@ class Kube:
     def request(
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """One API call with retries; a non-2xx answer raises ApiException (with its status)."""
-        data: dict[str, Any] = json.loads(self._request_text(method, path, query, body))
+        """One API call with retries; a non-2xx answer raises KubeError with its status."""
+        text = self._request_text(method, path, query, body)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise KubeError(
+                f"{method} {path}: {self.host} answered something that is not a Kubernetes JSON object "
+                f"({_one_line(text, 60)!r}); is it the API server, or a proxy in between?",
+                kind="bad_answer",
+            )
         return data
 
+    def _failure(self, method: str, path: str, error: BaseException) -> KubeError:
+        """Every way a call can fail, as one line that says what to check."""
+        if isinstance(error, ApiException):
+            status, message = error.status, _status_message(error)
+            if status == 401:
+                text = f"unauthorized (HTTP 401): {self.host} refused {self._credential()}"
+            elif status == 403:
+                text = f"forbidden (HTTP 403) {method} {path}: {message}; grant it in the RBAC of manifests/base"
+                if "crd.projectcalico.org" in path:
+                    text += " (DATASTORE_TYPE=kubernetes needs manifests/kdd)"
+            else:
+                text = f"{method} {path}: HTTP {status} {message}"
+            return Conflict(text) if status == 409 else KubeError(text, status)
+        if _is_tls(error):
+            reason = getattr(error, "reason", error)
+            return KubeError(
+                f"TLS to the Kubernetes API at {self.host} failed: {_one_line(str(reason), 160)}; check the CA and "
+                "client certificate of --kubeconfig (or the service account's ca.crt)",
+                kind="tls",
+            )
+        reason = getattr(error, "reason", None) or error
+        return KubeError(
+            f"cannot reach the Kubernetes API at {self.host}: {_network_reason(reason)}; check --kubeconfig or "
+            "KUBECONFIG (in a pod: the kubernetes service)"
+        )
+
+    def _credential(self) -> str:
+        """Which credential was used, never its value."""
+        configuration = self._api.configuration
+        if (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken"):
+            return "the bearer token in use (the service account token, or the kubeconfig user's token)"
+        if configuration.cert_file:
+            return f"the client certificate {configuration.cert_file}"
+        return "the anonymous request: the configuration carries no credential"
+
     def _request_text(
-        self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+        retry: bool = True,
     ) -> str:
         def attempt() -> str:
             headers = {"Accept": "application/json, */*"}
@@ -128,7 +235,10 @@ class Kube:
                 raise ApiException.from_response(http_resp=response, body=raw.decode(errors="replace"), data=None)
             return raw.decode(errors="replace")
 
-        return self._retry.call(attempt, is_transient)
+        try:
+            return self._retry.call(attempt, is_transient) if retry else attempt()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            raise self._failure(method, path, error) from error
 
     def list_all(self, path: str, parse: Callable[[dict[str, Any]], T], query: dict[str, Any] | None = None) -> list[T]:
         """Every item of a collection, paged, each parsed as its page arrives (a page of full Pod
@@ -143,7 +253,7 @@ class Kube:
                     token = (page.get("metadata") or {}).get("continue") or None
                     if token is None:
                         return items
-            except ApiException as error:
+            except KubeError as error:
                 if error.status != 410:
                     raise
                 log.warning("list_restarted", path=path, reason="continue token expired (410)")
@@ -151,44 +261,36 @@ class Kube:
 
     def list_nodes(self) -> tuple[KubeNode, ...]:
         """All Nodes, with their addresses and network-unavailable state."""
-        try:
-            return tuple(self.list_all("/api/v1/nodes", _kube_node))
-        except ApiException as error:
-            raise KubeError(f"listing Nodes failed: HTTP {error.status} {error.reason}") from error
+        return tuple(self.list_all("/api/v1/nodes", _kube_node))
 
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
         try:
             self.request("GET", f"/api/v1/nodes/{name}")
             return True
-        except ApiException as error:
+        except KubeError as error:
             if error.status == 404:
                 return False
-            raise KubeError(f"checking Node {name} failed: HTTP {error.status} {error.reason}") from error
+            raise
 
     # ConfigMaps (grace state)
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-        except ApiException as error:
+        except KubeError as error:
             if error.status == 404:
                 return None
-            raise KubeError(f"reading ConfigMap {namespace}/{name} failed: HTTP {error.status}") from error
+            raise
 
-    def write_config_map(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create (no resourceVersion) or replace guarded by its resourceVersion."""
+    def write_config_map(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create (no resourceVersion) or replace guarded by its resourceVersion; the object as
+        written, whose resourceVersion the next write must carry. A lost race raises Conflict."""
         name = body["metadata"]["name"]
         collection = f"/api/v1/namespaces/{namespace}/configmaps"
-        try:
-            if body["metadata"].get("resourceVersion"):
-                self.request("PUT", f"{collection}/{name}", body=body)
-            else:
-                self.request("POST", collection, body=body)
-        except ApiException as error:
-            if error.status == 409:
-                raise Conflict(f"ConfigMap {namespace}/{name} changed meanwhile") from error
-            raise KubeError(f"writing ConfigMap {namespace}/{name} failed: HTTP {error.status}") from error
+        if body["metadata"].get("resourceVersion"):
+            return self.request("PUT", f"{collection}/{name}", body=body)
+        return self.request("POST", collection, body=body)
 
     # Lease (one run at a time)
 
@@ -204,9 +306,9 @@ class Kube:
         }
         try:
             current = self.request("GET", f"{collection}/{name}")
-        except ApiException as error:
+        except KubeError as error:
             if error.status != 404:
-                raise KubeError(f"reading Lease {namespace}/{name} failed: HTTP {error.status}") from error
+                raise
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
@@ -233,10 +335,10 @@ class Kube:
         try:
             self.request(method, path, body=body)
             return None
-        except ApiException as error:
+        except KubeError as error:
             if error.status == 409:
                 return other  # someone else wrote the Lease first
-            raise KubeError(f"writing the Lease failed: HTTP {error.status} {error.reason}") from error
+            raise
 
     def _rewrite_own_lease(
         self, namespace: str, name: str, holder: str, change: Callable[[dict[str, Any]], None], event: str
@@ -252,7 +354,7 @@ class Kube:
             change(spec)
             self.request("PUT", path, body=current)
             return True
-        except ApiException as error:
+        except KubeError as error:
             log.warning(event, status=error.status)
             return False
 
@@ -293,7 +395,7 @@ class Kube:
                 for pod in self.list_all(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
             ]
             inputs.pods = tuple(self._with_previous_log(pod, config) for pod in pods)
-        except ApiException as error:
+        except KubeError as error:
             inputs.pods = None
             inputs.checks["calico_node"] = _skipped(error)
         try:
@@ -309,7 +411,7 @@ class Kube:
                 for hook in hooks
                 if hook.service and hook.failure_policy == "Fail"
             }
-        except ApiException as error:
+        except KubeError as error:
             inputs.webhooks = None
             inputs.checks["webhooks"] = _skipped(error)
         return inputs
@@ -320,11 +422,12 @@ class Kube:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/log"
         query = {"container": CALICO_NODE_CONTAINER, "previous": "true", "tailLines": config.log_tail_lines}
         try:
-            text = self._request_text("GET", path, query)
-        except ApiException as error:
-            if error.status not in (400, 403, 404):  # 400: no previous container yet
-                raise
-            text = None
+            # Once, not retried: without a reachable kubelet (a node whose network is broken) the
+            # log is a 500 every time, and only this pod's cause is lost, never the whole check.
+            text = self._request_text("GET", path, query, retry=False)
+        except KubeError as error:
+            # 400: no previous container yet; 404: gone meanwhile
+            return replace(pod, log_error=None if error.status in (400, 404) else str(error))
         return replace(pod, previous_log=text)
 
     def _ready_endpoints(self, namespace: str, service: str) -> int | None:
@@ -335,7 +438,7 @@ class Kube:
                 _ready_in_slice,
                 {"labelSelector": f"kubernetes.io/service-name={service}"},
             )
-        except ApiException as error:
+        except KubeError as error:
             if error.status == 403:
                 return None
             raise
@@ -347,9 +450,9 @@ def _ready_in_slice(endpoint_slice: dict[str, Any]) -> int:
     return sum(1 for e in endpoints if (e.get("conditions") or {}).get("ready") is not False)
 
 
-def _skipped(error: ApiException) -> str:
+def _skipped(error: KubeError) -> str:
     """Health is read-only help: a check that cannot be read is skipped, never a failed run."""
-    log.warning("health_check_skipped", status=error.status, reason=error.reason)
+    log.warning("health_check_skipped", status=error.status, error=str(error))
     return FORBIDDEN if error.status == 403 else f"skipped: HTTP {error.status}"
 
 

@@ -20,7 +20,7 @@ import structlog
 from job.apply import NodeChecker, apply_plan, fill_before
 from job.audit import ipam_audit
 from job.config import Config
-from job.datastores.base import Datastore, DatastoreError, DatastoreMismatch
+from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.kube import Conflict, KubeError
 from job.metrics import push
@@ -40,6 +40,10 @@ class ExitCode(IntEnum):
     PARTIAL_FAILURE = 4
     UNHEALTHY = 5
     INTERRUPTED = 143  # SIGTERM or SIGINT: what was started was finished, nothing new begun
+
+
+# Error kinds that a setting fixes (exit 2); the rest are servers failing (exit 1).
+USAGE_KINDS = frozenset({"datastore_type", "config", "tls", "unauthorized", "bad_answer"})
 
 
 class Lock(Protocol):
@@ -79,14 +83,12 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     log.info("run_started", mode="apply" if config.apply else "dry-run", datastore=config.datastore_type)
     try:
         code = _run_locked(config, deps, record)
-    except DatastoreMismatch as error:
-        log.error("run_failed", error=str(error))
-        record.error("datastore_type", str(error))
-        record.outcome, code = "error", ExitCode.USAGE
     except (KubeError, DatastoreError) as error:
-        log.error("run_failed", error=str(error))
-        record.error("unavailable", str(error))
-        record.outcome, code = "error", ExitCode.ERROR
+        # A server or a setting, never a bug: one line, no traceback; a setting to fix is exit 2.
+        log.error("run_failed", kind=error.kind, error=str(error))
+        record.error(error.kind, str(error))
+        record.outcome = "error"
+        code = ExitCode.USAGE if error.kind in USAGE_KINDS else ExitCode.ERROR
     except Exception as error:  # a bug: logged with its traceback, reported, exit 1
         log.exception("unexpected_error")
         record.error("unexpected", f"{type(error).__name__}: {error}")

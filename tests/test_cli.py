@@ -97,7 +97,16 @@ def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.Ca
         ([], {"ETCD_CERT_FILE": "/etc/hostname"}, "must be given together"),
         ([], {"ETCD_CA_CERT_FILE": "/no/such/ca.pem"}, "ETCD_CA_CERT_FILE: cannot read"),
         ([], {"DATASTORE_TYPE": "consul"}, "DATASTORE_TYPE: expected one of etcdv3, etcdv2, kubernetes"),
-        ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "no usable Kubernetes configuration"),
+        ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "kubeconfig /no/such/kubeconfig is not usable"),
+        ([], {"ETCD_ENDPOINTS": "http://[::1"}, "invalid etcd endpoint 'http://[::1'"),
+        ([], {"ETCD_ENDPOINTS": " "}, "ETCD_ENDPOINTS is set but empty"),
+        ([], {"ETCD_ENDPOINTS": "", "DATASTORE_TYPE": "etcdv2"}, "ETCD_ENDPOINTS is set but empty"),
+        (["--grace-period", "5x"], {}, "--grace-period (CALICO_GC_GRACE_PERIOD): invalid duration '5x'"),
+        ([], {"CALICO_GC_GRACE_PERIOD": "30"}, "--grace-period (CALICO_GC_GRACE_PERIOD): invalid duration '30'"),
+        (["--lease-duration", "1s"], {}, "--lease-duration: must be at least 3s"),
+        # The route-reflector pattern, written the old comma-separated way, must not lose its meaning.
+        ([], {"CALICO_GC_EXCLUDE": "rr-.*,edge-.*"}, "a comma outside a {m,n} quantifier"),
+        (["--exclude", "rr-1,rr-2"], {}, "a comma outside a {m,n} quantifier"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -107,6 +116,27 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"clusters: [\n  - bad: yaml: here", b"\x00\xff\xfe binary junk \x89PNG", b"clusters: 5\nusers: 7\n", b""],
+    ids=["yaml-syntax", "binary", "wrong-types", "empty"],
+)
+def test_a_malformed_kubeconfig_is_one_line_and_exit_2(
+    content: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_bytes(content)
+    assert main(["--lock", "none"], {"KUBECONFIG": str(kubeconfig), "ETCD_ENDPOINTS": "http://127.0.0.1:9"}) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"kubeconfig {kubeconfig} is not usable" in err[0] and "KUBECONFIG" in err[0], err
+
+
+def test_exclude_patterns_with_quantifiers_survive_the_variable() -> None:
+    config = load([], {"CALICO_GC_EXCLUDE": "rr-[0-9]{1,3}\n  edge-[a,b]\n"})
+    assert config.exclude == ("rr-[0-9]{1,3}", "edge-[a,b]")
+    assert config.is_excluded("rr-12") and not config.is_excluded("rr-1234") and config.is_excluded("edge-a")
 
 
 def test_help_documents_every_flag_with_its_variable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,8 +199,8 @@ def test_defaults_are_safe() -> None:
     assert config.lock == "lease" and config.datastore_type == "etcdv3"
 
 
-def test_exclude_from_the_environment_is_a_comma_separated_list() -> None:
-    config = load([], {"CALICO_GC_EXCLUDE": "rr-.*, bastion"})
+def test_exclude_from_the_environment_is_one_pattern_per_line() -> None:
+    config = load([], {"CALICO_GC_EXCLUDE": "rr-.*\n bastion\n"})
     assert config.exclude == ("rr-.*", "bastion")
     assert config.is_excluded("rr-1") and config.is_excluded("bastion") and not config.is_excluded("bastion-2")
 

@@ -248,9 +248,17 @@ def test_tls_with_client_certificates(harness: Harness, tmp_path: Path) -> None:
         report, code = harness.run(config)
         assert code == 0 and report["summary"]["deleted"] == 2
         assert not [k for k in calico.dump(server.url, session) if s.POD_ORPHAN in k]
+        attempts: list[int] = []
+        harness.retry = no_sleep_retry(before_sleep=(lambda state: attempts.append(state.attempt_number),))
         without_cert = replace(config, etcd_cert_file=None, etcd_key_file=None)
         report, code = harness.run(without_cert)
-        assert code == 1 and report["outcome"] == "error"
+        # A certificate problem is a setting to fix, not an outage: no retries, exit 2, plain words.
+        assert code == 2 and report["outcome"] == "error" and attempts == []
+        error = report["errors"][0]
+        assert error["kind"] == "tls" and "ETCD_CERT_FILE" in error["message"] and "_ssl.c" not in error["message"]
+        wrong_ca = replace(config, etcd_ca_cert_file=tls.server_cert)
+        report, code = harness.run(wrong_ca)
+        assert code == 2 and report["errors"][0]["kind"] == "tls" and attempts == []
     finally:
         server.close()
 

@@ -261,8 +261,26 @@ def test_forbidden_logs_and_endpoints_still_give_findings(harness: Harness) -> N
     harness.kubeapi.fail("GET", r"/log$", 403, times=10)
     harness.kubeapi.fail("GET", r"/endpointslices$", 403, times=10)
     health = harness.run()[0]["health"]
-    assert health["calico_node"][0]["cause"] == "unknown" and health["calico_node"][0]["evidence"] == []
+    entry = health["calico_node"][0]
+    assert entry["cause"] == "unknown" and len(entry["evidence"]) == 1
+    assert "forbidden (HTTP 403)" in entry["evidence"][0]
     assert [(w["state"], w["ready_endpoints"]) for w in health["webhooks"]] == [("risk", None)]
+
+
+def test_a_log_the_kubelet_cannot_serve_costs_only_that_pods_cause(harness: Harness) -> None:
+    """Without a reachable kubelet (the node whose network is broken) pods/log is a 500: that one
+    pod's cause is unknown, with the error; the crash loop is still reported, and not retried."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    crash_looping(harness.kubeapi, s.NEW_NODE, "x", restarts=7)
+    harness.kubeapi.fail("GET", r"/log$", 500, times=10)
+    report, code = harness.run()
+    assert code == 0 and report["health"]["checks"].get("calico_node") != "skipped: HTTP 500"
+    (entry,) = report["health"]["calico_node"]
+    assert entry["node"] == s.NEW_NODE and entry["cause"] == "unknown"
+    assert "HTTP 500" in entry["evidence"][0]
+    assert harness.kubeapi.count("GET", r"/log$") == 1, "a kubelet that cannot answer is asked once"
 
 
 def test_label_selectors_follow_kubernetes_semantics() -> None:

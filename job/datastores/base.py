@@ -9,11 +9,19 @@ from job.model import Inventory, Step
 
 
 class DatastoreError(Exception):
-    """The datastore could not be read or written (after retries, for transient causes)."""
+    """The datastore could not be read or written (after retries, for transient causes): the one
+    error every adapter raises. `kind` is the report's error kind."""
+
+    def __init__(self, message: str, kind: str = "unavailable") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class DatastoreMismatch(DatastoreError):
     """The datastore holds no data of the configured type but of another one (a setting to fix)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "datastore_type")
 
 
 class Datastore(Protocol):

@@ -27,13 +27,17 @@ class _Transient(Exception):
 class _Final(Exception):
     """Not worth another attempt: TLS refused, credentials refused, or not etcd at all."""
 
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
 
 def _one_line(text: str, limit: int = 200) -> str:
     return " ".join(text.split())[:limit]
 
 
 def _tls_reason(error: requests.exceptions.SSLError) -> str:
-    text = str(error)
+    text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(error))
     for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate required", "unknown ca", "bad certificate", "hostname"):
         if marker.lower() in text.lower():
             start = text.lower().index(marker.lower())
@@ -109,7 +113,7 @@ class EtcdHttp:
                     method, url, json=json_body, params=params, data=data, timeout=self._timeout
                 )
             except requests.exceptions.SSLError as error:
-                raise _Final(f"TLS to etcd at {url} failed: {_tls_reason(error)}; {TLS_HINT}") from error
+                raise _Final(f"TLS to etcd at {url} failed: {_tls_reason(error)}; {TLS_HINT}", "tls") from error
             except requests.RequestException as error:
                 self._current = (self._current + 1) % len(self._endpoints)  # try the next endpoint
                 raise _Transient(f"etcd at {url} did not answer: {network_reason(error)}") from error
@@ -119,7 +123,8 @@ class EtcdHttp:
                 kind = response.headers.get("Content-Type", "no content type").split(";")[0]
                 raise _Final(
                     f"{url} answered HTTP {response.status_code} with {kind}, not etcd's JSON API; {ENDPOINTS_HINT} "
-                    "(a proxy or another service?)"
+                    "(a proxy or another service?)",
+                    "bad_answer",
                 ) from None
             if response.status_code in expect:
                 return response.status_code, parsed
@@ -129,15 +134,18 @@ class EtcdHttp:
             if response.status_code >= 500 or "leader" in message.lower():
                 raise _Transient(f"etcd at {url}: HTTP {response.status_code} {message}")
             if response.status_code in (401, 403):
-                raise _Final(f"etcd at {url} refused the request (HTTP {response.status_code}: {message}); {TLS_HINT}")
-            raise _Final(f"etcd {method} {path}: HTTP {response.status_code} {message}")
+                raise _Final(
+                    f"etcd at {url} refused the request (HTTP {response.status_code}: {message}); {TLS_HINT}",
+                    "unauthorized",
+                )
+            raise _Final(f"etcd {method} {path}: HTTP {response.status_code} {message}", "bad_answer")
 
         try:
             return self._retry.call(attempt, lambda error: isinstance(error, _Transient))
         except _Transient as error:
             raise DatastoreError(f"{error}; gave up after retries, {ENDPOINTS_HINT}") from error
         except _Final as error:
-            raise DatastoreError(str(error)) from error
+            raise DatastoreError(str(error), error.kind) from error
 
     def close(self) -> None:
         with self._lock:

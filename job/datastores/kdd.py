@@ -18,11 +18,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from job.datastores.base import DatastoreError
+from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.ipam import block_shape_problem, summarize_block
-from job.kube import Kube
+from job.kube import Kube, KubeError
 from job.model import (
     BlockAffinity,
     CalicoHost,
@@ -69,12 +67,18 @@ class KddDatastore:
     def _list(self, plural: str, problems: list[DataProblem], required: bool = True) -> list[dict[str, Any]]:
         try:
             return self._kube.list_all(f"{GROUP}/{plural}", lambda obj: obj)
-        except ApiException as error:
-            if error.status == 404:  # the CRD is not installed (older Calico): nothing of that kind
+        except KubeError as error:
+            if error.status == 404 and plural == BLOCKS:
+                # Every Calico on this datastore has IPAM blocks: their CRD missing means another one.
+                raise DatastoreMismatch(
+                    f"the Calico CRDs ({GROUP}/{BLOCKS}) are not installed: this cluster's Calico does not "
+                    "use the Kubernetes datastore; set DATASTORE_TYPE to etcdv3 or etcdv2 (with ETCD_ENDPOINTS)"
+                ) from error
+            if error.status == 404:  # a CRD that older Calico versions do not have: nothing of that kind
                 return []
             if required:
-                raise DatastoreError(f"listing {plural} failed: HTTP {error.status} {error.reason}") from error
-            problems.append(DataProblem("unreadable", plural, f"HTTP {error.status}: not read"))
+                raise DatastoreError(f"listing {plural} failed: {error}") from error
+            problems.append(DataProblem("unreadable", plural, f"not read: {error}"))
             return []
 
     def _item(
@@ -179,8 +183,8 @@ class KddDatastore:
     def _pods(self, problems: list[DataProblem]) -> frozenset[tuple[str, str]] | None:
         try:
             return frozenset(self._kube.list_all("/api/v1/pods", _pod_key))
-        except ApiException as error:
-            problems.append(DataProblem("unreadable", "pods", f"HTTP {error.status}: no leaked-IP audit"))
+        except KubeError as error:
+            problems.append(DataProblem("unreadable", "pods", f"no leaked-IP audit: {error}"))
             return None
 
     def _kube_controllers(self) -> dict[str, object]:
@@ -214,7 +218,7 @@ class KddDatastore:
     def _get(self, path: str) -> dict[str, Any] | None:
         try:
             return self._kube.request("GET", path)
-        except ApiException:
+        except KubeError:
             return None  # absent or not allowed: reported as unknown
 
     def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
@@ -254,10 +258,10 @@ class KddDatastore:
                         "preconditions": {"uid": uid, "resourceVersion": revision},
                     },
                 )
-            except ApiException as error:
+            except KubeError as error:
                 if error.status in (404, 409):
                     return False
-                raise DatastoreError(f"{write.key}: HTTP {error.status} {error.reason}") from error
+                raise DatastoreError(f"{write.key}: {error}") from error
         return True
 
     def close(self) -> None:

@@ -53,9 +53,7 @@ def pid_one_child(launcher: int) -> int:
     return int(children[0])
 
 
-def run_job(
-    argv: Sequence[str], relay: WriteRelay, trigger: Trigger | None, launcher: Sequence[str] = ()
-) -> Finished:
+def run_job(argv: Sequence[str], relay: WriteRelay, trigger: Trigger | None, launcher: Sequence[str] = ()) -> Finished:
     """Run the job to its end (or its death), acting at `trigger`; never waits on a timer."""
     report = next(Path(a.split("=", 1)[1]) for a in argv if a.startswith("--report-file="))
     report.unlink(missing_ok=True)
