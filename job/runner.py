@@ -22,12 +22,12 @@ from job.audit import ipam_audit
 from job.config import Config
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
-from job.kube import Conflict, KubeError
+from job.kube import KubeError
 from job.metrics import push
 from job.model import Action, KubeNode
 from job.plan import plan_run
 from job.report import RunRecord, build
-from job.state import StateStore
+from job.state import Loaded, StateError, StateStore
 
 log = structlog.get_logger("calico_gc")
 
@@ -137,11 +137,14 @@ def _read_kubernetes(nodes: NodeSource, config: Config) -> tuple[tuple[KubeNode,
     return listed, nodes.read_health(config)
 
 
-def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> None:
+def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> bool:
     try:
         state.save(grace_state)
-    except (KubeError, Conflict, OSError) as error:
-        record.error("grace_state", f"could not save grace state: {error}")
+        return True
+    except StateError as error:
+        log.error("grace_state_not_saved", error=str(error))
+        record.error("grace_state", f"could not save grace state, so no wait can ever end: {error}")
+        return False
 
 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
@@ -168,10 +171,13 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if inventory.kube_controllers is not None:
         record.datastore["kube_controllers"] = dict(inventory.kube_controllers)
     try:
-        grace_state = deps.state.load()
-    except KubeError as error:
-        record.error("grace_state", f"could not read grace state, every wait restarts: {error}")
-        grace_state = {}
+        loaded = deps.state.load()
+    except StateError as error:
+        loaded = Loaded({}, (f"could not read grace state, every wait restarts: {error}",))
+    for problem in loaded.problems:
+        log.warning("grace_state_problem", problem=problem)
+        record.error("grace_state", problem)
+    grace_state = loaded.sightings
     now = deps.clock()
     # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
     reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
@@ -203,7 +209,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
             log.error("refused", guard=guard.name, message=guard.message)
         record.outcome = "refused"
         return ExitCode.REFUSED
-    _save_state(deps.state, plan.next_grace_state, record)
+    saved = _save_state(deps.state, plan.next_grace_state, record)
     if not config.apply:
         return ExitCode.OK
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
@@ -211,8 +217,12 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
     if deleted:
         # A name that comes back and is orphaned again must wait its full grace anew.
-        _save_state(deps.state, {n: t for n, t in plan.next_grace_state.items() if n not in deleted}, record)
+        saved &= _save_state(deps.state, {n: t for n, t in plan.next_grace_state.items() if n not in deleted}, record)
     if any(d.action is Action.FAILED for d in record.decisions):
         record.outcome = "partial_failure"
         return ExitCode.PARTIAL_FAILURE
+    if not saved:
+        # Orphans still waiting would wait forever: a failed run, so that alerts fire.
+        record.outcome = "error"
+        return ExitCode.ERROR
     return ExitCode.OK

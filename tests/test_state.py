@@ -1,0 +1,79 @@
+"""Grace state you can trust (issue 8, point 5): damage is reported and costs only what it
+touches; a state that cannot be saved fails an apply run; the ConfigMap store builds on its
+own writes."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from job.kube import Kube, api_client
+from job.state import ConfigMapStateStore
+from tests.conftest import Harness, hosts_by_name
+from tests.support import scenario as s
+
+CONFIGMAPS = "/api/v1/namespaces/calico-gc/configmaps"
+GRACE = {"grace_period": timedelta(minutes=30), "conflict_grace_period": timedelta(minutes=30)}
+
+
+def grace_errors(report: dict[str, object]) -> list[str]:
+    return [e["message"] for e in report["errors"] if e["kind"] == "grace_state"]  # type: ignore[attr-defined,index]
+
+
+def test_a_corrupt_state_file_is_reported_and_every_wait_restarts(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    state = harness.tmp / "state.json"
+    state.write_text("{not json")
+    report, code = harness.run(harness.config(apply=True, **GRACE))
+    assert code == 0 and report["summary"]["deleted"] == 0 and report["summary"]["waiting_grace"] == 2
+    (message,) = grace_errors(report)
+    assert str(state) in message and "every wait restarts" in message
+    assert json.loads(state.read_text())["orphans"], "the state is written anew"
+
+
+def test_one_bad_entry_costs_only_its_own_sighting(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    long_ago = (harness.now - timedelta(hours=2)).isoformat()
+    orphans = {s.POD_ORPHAN: long_ago, s.CONFLICT_ORPHAN: "yesterday-ish"}
+    (harness.tmp / "state.json").write_text(json.dumps({"schema": 1, "orphans": orphans}))
+    report, code = harness.run(harness.config(apply=True, **GRACE))
+    hosts = hosts_by_name(report)
+    assert code == 0 and hosts[s.POD_ORPHAN]["action"] == "deleted"
+    assert hosts[s.CONFLICT_ORPHAN]["action"] == "waiting_grace"
+    (message,) = grace_errors(report)
+    assert s.CONFLICT_ORPHAN in message and "'yesterday-ish'" in message
+
+
+def test_a_timestamp_without_a_time_zone_is_read_as_utc(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    naive = (harness.now - timedelta(hours=2)).replace(tzinfo=None).isoformat()
+    orphans = {s.POD_ORPHAN: naive, s.CONFLICT_ORPHAN: naive}
+    (harness.tmp / "state.json").write_text(json.dumps({"schema": 1, "orphans": orphans}))
+    report, code = harness.run(harness.config(apply=True, **GRACE))
+    assert code == 0 and report["summary"]["deleted"] == 2 and grace_errors(report) == []
+
+
+@pytest.mark.parametrize("apply", [False, True], ids=["dry-run", "apply"])
+def test_a_state_path_that_cannot_be_used_is_a_clear_error(harness: Harness, apply: bool) -> None:
+    harness.seed(s.kops_cluster())
+    directory = harness.tmp / "state-dir"
+    directory.mkdir()
+    report, code = harness.run(harness.config(apply=apply, state_file=directory, **GRACE))
+    messages = grace_errors(report)
+    assert any(f"cannot read the state file {directory}" in m for m in messages)
+    assert any(f"cannot write the state file {directory}" in m for m in messages)
+    assert not [e for e in report["errors"] if e["kind"] == "unexpected"]
+    # An apply run that cannot remember sightings can never delete: it fails, so alerts fire.
+    assert (code, report["outcome"]) == ((1, "error") if apply else (0, "ok"))
+
+
+def test_the_configmap_store_builds_on_its_own_write(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    config = harness.config(apply=True)  # grace 0: one save before deleting, one after
+    store = ConfigMapStateStore(Kube(api_client(config), harness.retry), "calico-gc", "calico-gc-state")
+    report, code = harness.run(config, state=store)
+    assert code == 0 and report["summary"]["deleted"] == 2 and grace_errors(report) == []
+    assert harness.kubeapi.count("POST", f"^{CONFIGMAPS}$") == 1, "created once"
+    assert harness.kubeapi.count("PUT", f"^{CONFIGMAPS}/calico-gc-state$") == 1, "then replaced with no 409"
