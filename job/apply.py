@@ -17,12 +17,15 @@ from job.datastores.base import Datastore, DatastoreError
 from job.kube import KubeError
 from job.model import Action, HostDecision, Plan, Step
 from job.plan import k8s_link, replan_host
+from job.retry import describe_error
 
 log = structlog.get_logger("calico_gc.apply")
 MAX_REPLANS = 5
 K8S_NODE_RECREATED = "k8s_node_recreated"
 LOCK_LOST = "lock_lost"
 INTERRUPTED = "interrupted"
+ALREADY_GONE = "already_gone"  # removed by someone else (another run, calicoctl) meanwhile
+UNEXPECTED = "unexpected"
 
 
 class NodeChecker(Protocol):
@@ -84,10 +87,22 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
         except DatastoreError as error:
             return outcome(Action.FAILED, "datastore_error", str(error))
         if current is None:
+            if not committed:
+                return outcome(Action.SKIPPED, ALREADY_GONE)
             return outcome(Action.DELETED, decision.reason)
         if current.action is Action.SKIPPED:
             return outcome(Action.SKIPPED, current.reason, current.error)
     return outcome(Action.FAILED, "conflicts_persisted", f"data kept changing over {MAX_REPLANS} re-reads")
+
+
+def _apply_guarded(decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config) -> HostDecision:
+    """A bug met while deleting one host fails that host, never the run: the others go on and
+    the report says what really happened to each."""
+    try:
+        return apply_host(decision, datastore, nodes, config)
+    except Exception as error:
+        log.exception("unexpected_error", host=decision.host.name)
+        return replace(decision, action=Action.FAILED, reason=UNEXPECTED, steps=(), error=describe_error(error))
 
 
 def apply_plan(
@@ -113,6 +128,6 @@ def apply_plan(
                 log.warning("host_not_started", host=decision.host.name, reason=halted)
                 decision = replace(decision, action=Action.SKIPPED, reason=halted, steps=())
             else:
-                decision = apply_host(decision, datastore, nodes, config)
+                decision = _apply_guarded(decision, datastore, nodes, config)
         results.append(decision)
     return tuple(results)

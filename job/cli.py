@@ -104,6 +104,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             document, code = run(config, deps)
     finally:
         deps.datastore.close()
-    report.write(document, config.report_file)
+    try:
+        report.write(document, config.report_file)
+    except OSError as error:
+        print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)
+        code = max(code, ExitCode.ERROR)
     print(report.summary_line(document), file=sys.stderr)
     return code

@@ -133,15 +133,17 @@ def check_guards(
             GuardFinding(
                 "foreign_datastore",
                 f"the datastore holds no Calico hosts for {len(kube_nodes)} Kubernetes Nodes: check ETCD_ENDPOINTS "
-                "and DATASTORE_TYPE (a cluster on the Kubernetes datastore needs DATASTORE_TYPE=kubernetes)",
+                "and DATASTORE_TYPE (etcdv3 for Calico 3.x on etcd, etcdv2 for Calico 2.x, kubernetes for the "
+                "Kubernetes datastore)",
             )
         )
     elif inventory.hosts_registered and covered * 2 < len(kube_nodes):
         guards.append(
             GuardFinding(
                 "foreign_datastore",
-                f"only {covered} of {len(kube_nodes)} Kubernetes Nodes have a Calico host; this "
-                "datastore looks like it belongs to another cluster",
+                f"only {covered} of {len(kube_nodes)} Kubernetes Nodes have a Calico host; this datastore looks "
+                "like it belongs to another cluster: check ETCD_ENDPOINTS and DATASTORE_TYPE (etcdv3, etcdv2 or "
+                "kubernetes)",
             )
         )
     hosts = len(inventory.hosts)

@@ -153,4 +153,8 @@ def write(report: dict[str, Any], path: Path | None, stdout: TextIO | None = Non
 
 def summary_line(report: dict[str, Any]) -> str:
     counts = ", ".join(f"{k}={v}" for k, v in report["summary"].items() if v not in (None, 0, False))
-    return f"{report['mode']} {report['outcome']} (exit {report['exit_code']}): {counts or 'nothing found'}"
+    line = f"{report['mode']} {report['outcome']} (exit {report['exit_code']}): {counts or 'nothing found'}"
+    if report["errors"]:  # what failed, in its own words
+        first = report["errors"][0]
+        line += f"; {first['kind']}: {first['message']}"
+    return line

@@ -94,6 +94,10 @@ def prefix_end(prefix: str) -> str:
     return raw.decode()
 
 
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), repr(value))
+
+
 def _dig(value: Any, *path: str) -> Any:
     for name in path:
         value = value.get(name) if isinstance(value, dict) else None
@@ -216,9 +220,16 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         collected.owned[key[len(prefix) :]].append(item)
     elif key.startswith((BGP_PEERS, HOST_ENDPOINTS, NODE_STATUSES)):
         value = collected.json(item)
-        node = _dig(value, "spec", "node")
+        spec = _dig(value, "spec")
+        node = _dig(spec, "node")
         if isinstance(node, str) and node:
             collected.owned[node].append(item)  # peers without spec.node are global: kept
+        elif value is not None and (not isinstance(spec, dict) or node not in (None, "")):
+            # Not bound to a node we can name: kept, and said, since it may be a host's after all.
+            shown = "spec" if not isinstance(spec, dict) else "spec.node"
+            collected.problem(
+                "malformed_value", key, f"{shown} is {_type_name(node if shown == 'spec.node' else spec)}; kept"
+            )
     elif key == CLUSTER_INFORMATION:
         spec = _dig(collected.json(item), "spec")
         ready = _dig(spec, "datastoreReady")

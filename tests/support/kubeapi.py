@@ -78,6 +78,8 @@ class KubeApiServer:
     hooks: list[Hook] = field(default_factory=list)
     expired_tokens: bool = False
     logs: dict[tuple[str, str], str] = field(default_factory=dict)  # previous container logs by (ns, pod)
+    # API groups not installed here (no CRDs): answered 404 as the real server does.
+    uninstalled_groups: set[str] = field(default_factory=set)
     _revision: int = 100
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
@@ -210,7 +212,8 @@ class KubeApiServer:
                     fault.times -= 1
                     return fault.status, fault.body or status_body(fault.status, f"injected {fault.status}")
             route = _ROUTE.match(parts.path)
-            if route is None:
+            group = parts.path.split("/")[2] if parts.path.startswith("/apis/") else ""
+            if route is None or group in self.uninstalled_groups:
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
             collection, name = route.group("collection"), route.group("name")
             plural = route.group("plural") or route.group("plural2")

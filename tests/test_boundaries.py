@@ -1,0 +1,252 @@
+"""Every boundary fails in one line with a documented kind and exit code (issue 8, points 3
+and 4): servers that are down, answer HTML or refuse the credential; a datastore type that
+does not match; a bug while deleting one host; a host someone else removed; malformed data that
+stays with its host."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from job.cli import main
+from job.model import Step
+from job.runner import run
+from tests.conftest import Harness, hosts_by_name, validate_report
+from tests.support import calico
+from tests.support import scenario as s
+from tests.support.etcd_server import free_port
+
+
+@pytest.fixture
+def html_server() -> Iterator[str]:
+    """A proxy's error page on every path, as a misconfigured endpoint answers."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _page(self) -> None:
+            body = b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>"
+            self.send_response(502)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _page
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def run_main(
+    harness: Harness, capsys: pytest.CaptureFixture[str], *argv: str, **env: str
+) -> tuple[int, dict[str, Any]]:
+    environ = {
+        "ETCD_ENDPOINTS": harness.etcd.url,
+        "KUBECONFIG": str(harness.kubeapi.write_kubeconfig(harness.tmp / "kubeconfig")),
+        "POD_NAMESPACE": "calico-gc",
+        "CALICO_GC_RETRY_ATTEMPTS": "2",
+        "CALICO_GC_LOCK": "none",
+        "CALICO_GC_STATE_FILE": str(harness.tmp / "state.json"),
+        **env,
+    }
+    code = main(list(argv), environ)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err, out.err
+    report = json.loads(out.out)
+    validate_report(report)
+    summary = out.err.strip().splitlines()[-1]
+    assert summary.startswith(("dry-run", "apply")) and report["errors"][0]["message"] in summary
+    return code, report
+
+
+def only_error(report: dict[str, Any]) -> dict[str, str]:
+    (error,) = report["errors"]
+    assert "\n" not in error["message"]
+    return error
+
+
+def test_an_unreachable_kubernetes_api_is_unavailable_not_unexpected(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    kubeconfig = harness.tmp / "closed"
+    kubeconfig.write_text(
+        harness.kubeapi.write_kubeconfig(harness.tmp / "k")
+        .read_text()
+        .replace(harness.kubeapi.url, f"http://127.0.0.1:{free_port()}")
+    )
+    code, report = run_main(harness, capsys, KUBECONFIG=str(kubeconfig))
+    error = only_error(report)
+    assert code == 1 and error["kind"] == "unavailable"
+    assert "cannot reach the Kubernetes API at http://127.0.0.1:" in error["message"]
+    assert "Connection refused" in error["message"] and "KUBECONFIG" in error["message"]
+
+
+def test_an_etcd_endpoint_answering_html_is_named(
+    harness: Harness, html_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = run_main(harness, capsys, ETCD_ENDPOINTS=html_server)
+    error = only_error(report)
+    assert code == 2 and error["kind"] == "bad_answer"
+    assert "text/html, not etcd's JSON API" in error["message"] and "ETCD_ENDPOINTS" in error["message"]
+    assert "<html" not in error["message"]
+
+
+def test_a_kubernetes_api_answering_html_is_named(
+    harness: Harness, html_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    kubeconfig = harness.tmp / "html"
+    kubeconfig.write_text(
+        harness.kubeapi.write_kubeconfig(harness.tmp / "k").read_text().replace(harness.kubeapi.url, html_server)
+    )
+    code, report = run_main(harness, capsys, KUBECONFIG=str(kubeconfig), CALICO_GC_RETRY_ATTEMPTS="1")
+    error = only_error(report)
+    assert code in (1, 2) and error["kind"] in ("bad_answer", "unavailable")
+    assert "502" in error["message"] and "<html" not in error["message"].lower()
+
+
+def test_401_says_unauthorized_and_names_the_credential(harness: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.fail("GET", "^/api/v1/nodes$", 401, times=10)
+    code, report = run_main(harness, capsys)
+    error = only_error(report)
+    assert code == 2 and error["kind"] == "unauthorized"
+    assert "unauthorized (HTTP 401)" in error["message"] and "bearer token" in error["message"]
+
+
+def test_the_kubernetes_datastore_without_calico_crds_is_refused(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())  # Calico on etcd: no crd.projectcalico.org in this API server
+    harness.kubeapi.uninstalled_groups.add("crd.projectcalico.org")
+    code, report = run_main(harness, capsys, DATASTORE_TYPE="kubernetes")
+    error = only_error(report)
+    assert code == 2 and error["kind"] == "datastore_type"
+    assert "CRDs" in error["message"] and "DATASTORE_TYPE" in error["message"]
+    assert report["outcome"] == "error" and report["summary"]["deleted"] == 0
+
+
+class FailsOnce:
+    """A datastore whose commit meets a bug for one host's keys; everything else is real."""
+
+    def __init__(self, inner: Any, host: str) -> None:
+        self._inner, self._host = inner, host
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def commit(self, step: Step) -> bool:
+        if any(self._host in write.key for write in step.writes):
+            raise KeyError("a bug")
+        return bool(self._inner.commit(step))
+
+
+def test_a_bug_while_deleting_one_host_fails_that_host_only(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    config = harness.config(apply=True)
+    deps = harness.dependencies(config)
+    deps = replace(deps, datastore=FailsOnce(deps.datastore, s.CONFLICT_ORPHAN))
+    report, code = run(config, deps)
+    validate_report(report)
+    hosts = hosts_by_name(report)
+    assert code == 4 and report["outcome"] == "partial_failure"
+    assert (hosts[s.CONFLICT_ORPHAN]["action"], hosts[s.CONFLICT_ORPHAN]["reason"]) == ("failed", "unexpected")
+    assert hosts[s.POD_ORPHAN]["action"] == "deleted", "the other hosts go on"
+    assert not [h for h in report["hosts"] if h["action"] == "would_delete"], "an apply report says what was done"
+
+
+def test_a_host_another_run_removed_is_reported_already_gone(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+
+    def another_run_deletes_it() -> None:  # a second run with --lock none, between our check and write
+        other, code = harness.run(harness.config(apply=True))
+        assert code == 0 and hosts_by_name(other)[s.POD_ORPHAN]["action"] == "deleted"
+
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", another_run_deletes_it)
+    report, code = harness.run(harness.config(apply=True))
+    hosts = hosts_by_name(report)
+    assert code == 0 and (hosts[s.POD_ORPHAN]["action"], hosts[s.POD_ORPHAN]["reason"]) == ("skipped", "already_gone")
+    assert report["summary"]["deleted"] == 1
+
+
+def bad_value(harness: Harness, key: str, change: Any) -> None:
+    current = json.loads(harness.dump()[key][0])
+    change(current)
+    calico.load(harness.etcd.url, {key: json.dumps(current)})
+
+
+@pytest.mark.parametrize(
+    ("what", "key", "change"),
+    [
+        (
+            "sequenceNumber a string",
+            "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26",
+            lambda v: v.update(sequenceNumber="12"),
+        ),
+        (
+            "sequenceNumber null",
+            "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26",
+            lambda v: v.update(sequenceNumber=None),
+        ),
+        (
+            "handle count a word",
+            "/calico/ipam/v2/handle/ipip-tunnel-addr-ip-10-0-1-20.ec2.internal",
+            lambda v: v["block"].update({"100.96.20.0/26": "one"}),
+        ),
+        (
+            "handle count null",
+            "/calico/ipam/v2/handle/ipip-tunnel-addr-ip-10-0-1-20.ec2.internal",
+            lambda v: v["block"].update({"100.96.20.0/26": None}),
+        ),
+    ],
+)
+def test_malformed_ipam_stays_with_its_host(harness: Harness, what: str, key: str, change: Any) -> None:
+    harness.seed(s.kops_cluster())
+    bad_value(harness, key, change)
+    before = {k: v for k, v in harness.dump().items() if s.POD_ORPHAN in k}
+    report, code = harness.run(harness.config(apply=True))
+    hosts = hosts_by_name(report)
+    assert code == 0, what
+    assert (hosts[s.POD_ORPHAN]["action"], hosts[s.POD_ORPHAN]["reason"]) == ("skipped", "malformed_data")
+    assert hosts[s.CONFLICT_ORPHAN]["action"] == "deleted", "the other orphans are deleted"
+    assert {k: v for k, v in harness.dump().items() if s.POD_ORPHAN in k} == before
+    named = [e for e in report["errors"] if e.get("key") == key] or [
+        h for h in report["hosts"] if h["name"] == s.POD_ORPHAN and key.rsplit("/", 1)[1] in (h.get("error") or "")
+    ]
+    assert named, f"{what}: the key is reported"
+
+
+@pytest.mark.parametrize(
+    "kind", ["orchRefs a string", "nodeName a number", "BGPPeer spec a string", "HostEndpoint spec.node a list"]
+)
+def test_values_of_the_wrong_json_type_are_reported_with_their_key(harness: Harness, kind: str) -> None:
+    seed = calico.CalicoSeed()
+    seed.cluster_information()
+    seed.node("live-a", ipv4="10.0.0.1")
+    node_key = seed.node("odd-1", ipv4="10.0.0.2")
+    peer_key = seed.peer("tor-odd", "odd-1")
+    hep_key = seed.host_endpoint("odd-eth0", "odd-1")
+    values = {k: json.loads(v) for k, v in seed.keys.items()}
+    target = {
+        "orchRefs a string": (node_key, lambda v: v["spec"].update(orchRefs="k8s:odd-1")),
+        "nodeName a number": (node_key, lambda v: v["spec"].update(orchRefs=[{"orchestrator": "k8s", "nodeName": 7}])),
+        "BGPPeer spec a string": (peer_key, lambda v: v.update(spec="node=odd-1")),
+        "HostEndpoint spec.node a list": (hep_key, lambda v: v["spec"].update(node=["odd-1"])),
+    }[kind]
+    target[1](values[target[0]])
+    calico.load(harness.etcd.url, {k: json.dumps(v) for k, v in values.items()})
+    harness.kubeapi.add_node("live-a", "10.0.0.1")
+    report, _ = harness.run(harness.config(max_orphan_fraction=1.0))
+    assert [e for e in report["errors"] if e.get("key") == target[0]], f"{kind} is reported with its key"
