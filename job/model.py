@@ -83,6 +83,10 @@ class CalicoHost:
     affinities: tuple[BlockAffinity, ...] = ()
     owned: tuple[StoredItem, ...] = ()
     problem: str | None = None
+    # Keys that tie the host to its Kubernetes Node apart from `node` (Calico 2.x's
+    # orchestrator_refs): deleted last, after the Node, so that a run that dies before them
+    # still finds the host, and its link, next time.
+    link_keys: tuple[StoredItem, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

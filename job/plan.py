@@ -185,8 +185,9 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
         *release.steps,
         *_batched("delete endpoints, per-node config and status", keys),
     ]
-    if host.node is not None:
-        steps.append(Step("delete the Calico Node", (_delete(host.node),)))
+    last = ([] if host.node is None else [host.node]) + list(host.link_keys)
+    if last:
+        steps.append(Step("delete the Calico Node", tuple(_delete(item) for item in last)))
     return tuple(steps), None
 
 

@@ -31,13 +31,34 @@ COMPARE_FAILED = 412
 NOT_FOUND = 404
 
 
+HOST_ROOTS = (HOSTS, BGP_HOSTS, FELIX_HOSTS, IPAM_HOSTS)
+
+
 def _leaves(node: dict[str, Any]) -> Iterator[StoredItem]:
-    """Every key (not directory) in a v2 recursive answer, depth first."""
+    """Every key in a v2 recursive answer, depth first. A directory that holds no key at all,
+    however deep, comes as one item whose key ends with "/" and whose value is None."""
     if node.get("dir"):
-        for child in node.get("nodes") or []:
+        children = node.get("nodes") or []
+        if not children and "key" in node:
+            yield StoredItem(node["key"] + "/", int(node.get("modifiedIndex", 0)), None)
+        for child in children:
             yield from _leaves(child)
     elif "key" in node:
         yield StoredItem(node["key"], int(node.get("modifiedIndex", 0)), node.get("value", ""))
+
+
+def _empty_tree_host(name: str, tree: list[StoredItem]) -> CalicoHost:
+    """A host of which only empty directories are left: a run that deleted its last key died
+    before pruning them. Deleting them is what that run would have done next; an empty
+    directory is the only thing `dir=true` can delete, so nothing written meanwhile is lost."""
+    directories: set[str] = set()
+    for item in tree:
+        root = next(r for r in HOST_ROOTS if item.key.startswith(r))
+        parts = item.key[len(root) :].rstrip("/").split("/")
+        directories |= {root + "/".join(parts[:depth]) + "/" for depth in range(1, len(parts) + 1)}
+    # Deepest first: a directory goes only once it is empty.
+    owned = tuple(StoredItem(d, 0, "") for d in sorted(directories, key=lambda d: (-d.count("/"), d)))
+    return CalicoHost(name, None, name, owned=owned)
 
 
 def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Inventory:
@@ -45,10 +66,10 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
     collected = Collected()
     trees: dict[str, list[StoredItem]] = {}
     for item in items:
-        for root in (HOSTS, BGP_HOSTS, FELIX_HOSTS):
+        for root in HOST_ROOTS if item.value is None else (HOSTS, BGP_HOSTS, FELIX_HOSTS):
             if item.key.startswith(root):
                 owner, _, rest = item.key[len(root) :].partition("/")
-                if not owner or not rest:
+                if not owner or (not rest and item.value is not None):
                     collected.problem("unknown_key", item.key, "not under a host directory")
                 else:
                     trees.setdefault(owner, []).append(item)
@@ -57,7 +78,12 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
             collect_key(collected, item)  # IPAM: blocks, affinities, handles
     hosts: list[CalicoHost] = []
     for name, tree in sorted(trees.items()):
-        host = _host(name, tree, collected)
+        keys = [item for item in tree if item.value is not None]  # empty directories aside
+        if not keys:
+            if not collected.affinities.get(name):
+                hosts.append(_empty_tree_host(name, tree))
+            continue
+        host = _host(name, keys, collected)
         if host is None:
             collected.problem(
                 "no_calico_node", name, "data stored for a host that has no metadata key; reported, not touched"
@@ -79,13 +105,14 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
 def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost | None:
     own = f"{HOSTS}{name}/"
     metadata = next((item for item in tree if item.key == own + "metadata"), None)
-    if metadata is None:
-        return None
+    refs = next((item for item in tree if item.key == own + "orchestrator_refs"), None)
+    if metadata is None and refs is None:
+        return None  # a run deleting it died after both: only the rest of its tree is left
     by_key = {item.key: item for item in tree}
     endpoints, owned = [], []
     k8s_node: str | None = None
     for item in sorted(tree, key=lambda i: i.key):
-        if item is metadata:
+        if item is metadata or item is refs:
             continue
         parts = item.key[len(own) :].split("/") if item.key.startswith(own) else []
         if len(parts) == 5 and parts[0] == "workload" and parts[3] == "endpoint":
@@ -102,9 +129,9 @@ def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost
             )
             endpoints.append(WorkloadEndpoint(item, name, tuple(n.split("/", 1)[0] for n in nets)))
             continue
-        if parts == ["orchestrator_refs"]:
-            k8s_node = k8s_node_name(collected, item.key, collected.json(item))
         owned.append(item)
+    if refs is not None:
+        k8s_node = k8s_node_name(collected, refs.key, collected.json(refs))
     bgp = f"{BGP_HOSTS}{name}/"
     tunnel = by_key.get(own + "config/IpInIpTunnelAddr")
     return CalicoHost(
@@ -119,6 +146,7 @@ def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost
         workload_endpoints=tuple(endpoints),
         affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
         owned=tuple(owned),
+        link_keys=() if refs is None else (refs,),
     )
 
 
@@ -171,6 +199,13 @@ class EtcdV2Datastore:
     def commit(self, step: Step) -> bool:
         """Each write conditional on its prevIndex, in order; stop at the first failed compare."""
         for write in step.writes:
+            if write.key.endswith("/"):  # an empty directory: refused (403) if a key appeared in it
+                status, _ = self._http.request(
+                    "DELETE", f"/v2/keys{write.key}", params={"dir": "true"}, expect=(200, 403, 404)
+                )
+                if status != 200:
+                    return False
+                continue
             status, _ = self._http.request(
                 "DELETE" if write.value is None else "PUT",
                 f"/v2/keys{write.key}",
@@ -180,8 +215,9 @@ class EtcdV2Datastore:
             )
             if status in (COMPARE_FAILED, NOT_FOUND):
                 return False
-            if write.value is None and write.key.startswith(HOSTS) and write.key.endswith("/metadata"):
-                self._prune(write.key[len(HOSTS) :].rsplit("/", 1)[0])
+        # The Calico Node step (metadata, then orchestrator_refs): the host's empty directories go.
+        for host in sorted({w.key[len(HOSTS) :].split("/", 1)[0] for w in step.writes if _is_identity(w.key)}):
+            self._prune(host)
         return True
 
     def _prune(self, host: str) -> None:
@@ -197,6 +233,10 @@ class EtcdV2Datastore:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _is_identity(key: str) -> bool:
+    return key.startswith(HOSTS) and key.endswith(("/metadata", "/orchestrator_refs")) and key.count("/") == 5
 
 
 def _directories(node: dict[str, Any]) -> Iterator[str]:

@@ -231,7 +231,7 @@ def ipam_problems(values: dict[str, str]) -> list[str]:
     problems: list[str] = []
     held: dict[str, dict[str, int]] = {}
     for key, text in values.items():
-        if not key.startswith("/calico/ipam/v2/assignment/"):
+        if not key.startswith("/calico/ipam/v2/assignment/") or key.endswith("/"):  # "/": a v2 directory
             continue
         block = json.loads(text)
         allocations, unallocated = block["allocations"], block["unallocated"]
@@ -242,14 +242,14 @@ def ipam_problems(values: dict[str, str]) -> list[str]:
         if referenced != set(range(len(block["attributes"]))):
             problems.append(f"{key}: attributes {len(block['attributes'])} referenced {sorted(referenced)}")
         for index in allocations:
-            if index is not None:
-                handle = block["attributes"][index]["handle_id"]
+            handle = None if index is None else block["attributes"][index]["handle_id"]
+            if handle is not None:  # Calico 2.6's IPIP address has no handle
                 per_block = held.setdefault(handle, {})
                 per_block[block["cidr"]] = per_block.get(block["cidr"], 0) + 1
     handles = {
         key.rsplit("/", 1)[1]: json.loads(text)["block"]
         for key, text in values.items()
-        if key.startswith("/calico/ipam/v2/handle/")
+        if key.startswith("/calico/ipam/v2/handle/") and not key.endswith("/")
     }
     for handle in sorted(set(handles) | set(held)):
         if handles.get(handle) != held.get(handle):

@@ -172,3 +172,24 @@ def kops_18_cluster() -> tuple[Calico2Seed, list[tuple[str, str]]]:
         seed.host(name, f"10.0.2.{30 + index}", k8s_node=None, tunnel_ip=f"100.96.{30 + index}.1")
     k8s = [(name, f"10.0.2.{10 + i}") for i, name in enumerate(LIVE)] + [(NEW_NODE, "10.0.2.13")]
     return seed, k8s
+
+
+def cross_borrowing_fleet(orphans: int) -> tuple[Calico2Seed, list[tuple[str, str]]]:
+    """Calico 2.6 hosts whose IPAM is entangled: each orphan has its own block, an IPIP address
+    without a handle, a pod, and a pod whose IP it borrowed from the next orphan's block; a
+    live pod holds an IP in the last orphan's block."""
+    seed = Calico2Seed()
+    seed.globals()
+    for index, name in enumerate(LIVE):
+        seed.block(f"100.96.{index}.0/26", name)
+        seed.host(name, f"10.0.2.{10 + index}", tunnel_ip=f"100.96.{index}.1", felix_alive=True)
+        seed.pod(name, "default", f"web-{index}", f"100.96.{index}.5")
+    names = [f"gone-{i}" for i in range(orphans)]
+    for i, name in enumerate(names):
+        seed.block(f"100.96.{20 + i}.0/26", name)
+        seed.host(name, f"10.0.2.{20 + i}", tunnel_ip=f"100.96.{20 + i}.1")
+    for i, name in enumerate(names):
+        seed.pod(name, "shop", f"cart-{i}", f"100.96.{20 + i}.5")
+        seed.pod(name, "shop", f"borrower-{i}", f"100.96.{20 + (i + 1) % orphans}.{40 + i}")
+    seed.pod(LIVE[1], "shop", "api-1", f"100.96.{20 + orphans - 1}.9")
+    return seed, [(name, f"10.0.2.{10 + i}") for i, name in enumerate(LIVE)]

@@ -24,8 +24,11 @@ import requests
 Action = Literal["kill_before", "kill_after", "conflict", "sigterm"]
 
 
-def is_write(path: str, body: dict[str, Any]) -> bool:
-    """A request that changes the keyspace: a txn with puts or deletes, a put, a delete range."""
+def is_write(method: str, path: str, body: dict[str, Any]) -> bool:
+    """A request that changes the keyspace: a v3 txn with puts or deletes, a put, a delete range;
+    a v2 PUT or DELETE."""
+    if method in ("PUT", "DELETE"):
+        return True
     if path.endswith(("/kv/put", "/kv/deleterange")):
         return True
     if path.endswith("/kv/txn"):
@@ -69,12 +72,19 @@ class WriteRelay:
         self._server.server_close()
         self._session.close()
 
-    def _forward(self, path: str, raw: bytes, method: str = "POST") -> tuple[int, bytes]:
-        response = self._session.request(method, self.etcd_url + path, data=raw or None, timeout=30)
+    def _forward(self, method: str, path: str, raw: bytes, content_type: str | None) -> tuple[int, bytes]:
+        headers = {"Content-Type": content_type} if content_type else {}
+        response = self._session.request(method, self.etcd_url + path, data=raw or None, headers=headers, timeout=30)
         return response.status_code, response.content
 
-    def _bump(self, body: dict[str, Any]) -> None:
+    def _bump(self, path: str, body: dict[str, Any]) -> None:
         """Rewrite the first compared key with its own value: its mod revision moves on."""
+        if path.startswith("/v2/keys/"):
+            url = self.etcd_url + path.split("?", 1)[0]
+            node = self._session.get(url, timeout=30).json().get("node") or {}
+            if "value" in node:
+                self._session.put(url, data={"value": node["value"]}, timeout=30).raise_for_status()
+            return
         for compare in body.get("compare", []):
             key = compare["key"]
             found = self._session.post(f"{self.etcd_url}/v3/kv/range", json={"key": key}, timeout=30).json()
@@ -83,13 +93,14 @@ class WriteRelay:
                 self._session.post(f"{self.etcd_url}/v3/kv/put", json=put, timeout=30).raise_for_status()
                 return
 
-    def handle(self, path: str, raw: bytes) -> tuple[int, bytes] | None:
+    def handle(self, method: str, path: str, raw: bytes, content_type: str | None) -> tuple[int, bytes] | None:
         """The answer to send, or None to drop the connection (the job is dead)."""
-        body = json.loads(raw or b"{}")
+        body = json.loads(raw or b"{}") if method == "POST" else {}
         action: Action | None = None
-        if not is_write(path, body) and self.reads_wait_for is not None:
+        write = is_write(method, path, body)
+        if not write and self.reads_wait_for is not None:
             self.reads_wait_for.wait(timeout=60)
-        if is_write(path, body):
+        if write:
             with self._lock:
                 index, self.writes = self.writes, self.writes + 1
                 if self.trigger is not None and self.trigger.index == index:
@@ -99,10 +110,10 @@ class WriteRelay:
             self.fired.set()
             return None
         if action == "conflict":
-            self._bump(body)
+            self._bump(path, body)
         if action == "sigterm":
             self.send_signal(signal.SIGTERM)
-        answer = self._forward(path, raw)
+        answer = self._forward(method, path, raw, content_type)
         if action is not None:
             self.fired.set()
         if action == "kill_after":
@@ -121,16 +132,15 @@ def _handler(relay: WriteRelay) -> type[BaseHTTPRequestHandler]:
             # client's delayed ACK hold every answer back ~40 ms.
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-        def do_GET(self) -> None:
-            self._send(relay._forward(self.path, b"", "GET"))
-
-        def do_POST(self) -> None:
+        def _relay(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            answer = relay.handle(self.path, raw)
+            answer = relay.handle(self.command, self.path, raw, self.headers.get("Content-Type"))
             if answer is None:
                 self.close_connection = True
                 return
             self._send(answer)
+
+        do_GET = do_POST = do_PUT = do_DELETE = _relay
 
         def _send(self, answer: tuple[int, bytes]) -> None:
             status, content = answer
