@@ -1,6 +1,6 @@
 """Calico 2.x on the etcd v2 API (`/v2/keys`), with requests.
 
-Layout: calico-datamodel.md section 5. Each host is a tree under `/calico/v1/host/<h>`, its BGP
+Layout: docs/calico-data.md, "etcd v2". Each host is a tree under `/calico/v1/host/<h>`, its BGP
 data under `/calico/bgp/v1/host/<h>`, Felix status under `/calico/felix/v1/host/<h>`; the IPAM
 keys have the same shapes as in etcd v3 and are filed by the same collector. The v2 API has no
 multi-key transactions: every write is its own compare-and-swap on `prevIndex`, in the step's

@@ -1,6 +1,6 @@
 """Calico 3.x on etcd v3, through etcd's JSON gateway (job/datastores/etcd_http.py).
 
-The key layout (calico-datamodel.md, section 1) is known only here: reading turns keys into
+The key layout (docs/calico-data.md) is known only here: reading turns keys into
 the shared model, committing turns conditional writes back into etcd transactions.
 """
 
@@ -189,7 +189,7 @@ class Collected:
 
 
 def collect_key(collected: Collected, item: StoredItem) -> None:
-    """File one key under the host it belongs to (section 1 of the data-model notes)."""
+    """File one key under the host it belongs to (docs/calico-data.md)."""
     key = item.key
     if key.startswith(NODES):
         name = key[len(NODES) :]

@@ -1,5 +1,5 @@
 """Calico on the Kubernetes datastore (DATASTORE_TYPE=kubernetes): the `crd.projectcalico.org/v1`
-resources, through the same Kubernetes client as everything else (calico-datamodel.md 2.4, 7C).
+resources, through the same Kubernetes client as everything else (docs/calico-data.md).
 
 The Calico Node and the workload endpoints live and die with the Kubernetes Node and the Pods;
 what stays behind is per-node IPAM (affinities, blocks, allocations, handles), per-node config,

@@ -1,6 +1,6 @@
 """Build Calico 3.x etcd-v3 data the way Calico writes it, and load it into a real etcd.
 
-Used by the tests, `make demo` and the benchmark. Values follow calico-datamodel.md section 1
+Used by the tests, `make demo` and the benchmark. Values follow docs/calico-data.md
 (field names, key shapes, handle IDs); they are built here, not copied from a cluster.
 """
 

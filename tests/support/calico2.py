@@ -1,4 +1,4 @@
-"""Calico 2.6 data in the etcd v2 keyspace (calico-datamodel.md section 5), and v2 helpers."""
+"""Calico 2.6 data in the etcd v2 keyspace (docs/calico-data.md, "etcd v2"), and v2 helpers."""
 
 from __future__ import annotations
 
