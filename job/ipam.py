@@ -315,6 +315,10 @@ def _write(item: StoredItem, value: JsonObject | None) -> Write:
     return Write(item.key, item.revision, None if value is None else dump(value), item.value)
 
 
+def _delete_emptied(item: StoredItem, emptied: JsonObject) -> Write:
+    return Write(item.key, item.revision, None, item.value, final=dump(emptied))
+
+
 def _normal_cidr(text: str) -> str | None:
     try:
         return str(ipaddress.ip_network(text, strict=False))
@@ -334,7 +338,7 @@ class _BlockEdit:
 def _edit_block(
     cidr: str, host: CalicoHost, index: IpamIndex, ordinals: set[int], affinity: Write | None
 ) -> tuple[_BlockEdit, Counter[str]]:
-    """Free `ordinals` in the block and drop the host's claim on it (section 7A, 3-5)."""
+    """Free `ordinals` in the block and drop the host's claim on it (docs/calico-data.md)."""
     block = index.blocks.get(cidr)
     writes: list[Write] = []
     actions: list[str] = []
@@ -348,7 +352,7 @@ def _edit_block(
             actions.append(f"release {sum(freed.values())} IPs")
         if affinity_host(data) == host.name:
             if is_empty(data):
-                writes.append(_write(block.item, None))
+                writes.append(_delete_emptied(block.item, data))
                 after = None
                 actions.append("delete the empty block")
             else:
@@ -358,7 +362,7 @@ def _edit_block(
         elif freed:
             delete = is_empty(data) and data.get("affinity") is None
             after = None if delete else data
-            writes.append(_write(block.item, after))
+            writes.append(_delete_emptied(block.item, data) if delete else _write(block.item, data))
             if delete:
                 actions.append("delete the now empty unclaimed block")
     if affinity is not None:
@@ -368,7 +372,7 @@ def _edit_block(
 
 
 def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
-    """Everything IPAM holds for a gone host, as conditional writes (section 7A, 3-6).
+    """Everything IPAM holds for a gone host, as conditional writes (docs/calico-data.md, order step 1).
 
     Each handle is written in the step of the first block that frees one of its IPs, before
     that block (one etcd transaction; in order where a datastore writes one key at a time),

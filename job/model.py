@@ -164,6 +164,10 @@ class Write:
     revision: int
     value: str | None
     before: str | None
+    # For a delete: the value the key holds just before it goes, when this same step changed it
+    # first (a block emptied, then deleted). A datastore that marks a key before deleting it
+    # (Kubernetes: the `deleted: true` tombstone) writes this, as Calico does, not `before`.
+    final: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,7 +171,7 @@ def _delete(item: StoredItem) -> Write:
 
 
 def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], str | None]:
-    """The ordered transactions that remove a gone host (section 7A), or why it cannot be.
+    """The ordered transactions that remove a gone host (docs/calico-data.md), or why it cannot be.
 
     IPAM first (each block with the handles it frees), then the host's own keys, and the Node
     last, so that an interrupted run leaves a host that is still found next time.

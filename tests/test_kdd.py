@@ -4,6 +4,7 @@ per-node IPAM and config left behind by a deleted node, removed as Calico would;
 from __future__ import annotations
 
 import copy
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -144,6 +145,15 @@ def test_dry_run_plans_the_gone_node_and_changes_nothing(harness: Harness) -> No
 def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness) -> None:
     seed_kdd(harness.kubeapi)
     before = snapshot(harness.kubeapi)
+    tombstones: list[list[object]] = []
+
+    def record_tombstone() -> None:
+        block = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-9-0-26")
+        assert block is not None
+        if block["spec"].get("deleted") is True:
+            tombstones.append(block["spec"]["allocations"])
+
+    harness.kubeapi.on("DELETE", f"^{CRD}/ipamblocks/100-96-9-0-26$", record_tombstone)
     report, code = harness.run(kdd(harness, apply=True))
     after = snapshot(harness.kubeapi)
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
@@ -174,6 +184,11 @@ def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness) -> 
     puts = harness.kubeapi.count("PUT", f"^{CRD}/ipamblocks/100-96-9-0-26$")
     deletes = harness.kubeapi.count("DELETE", f"^{CRD}/ipamblocks/100-96-9-0-26$")
     assert (puts, deletes) == (1, 1)
+    # As Calico does, the tombstone is the emptied block: a tombstone a crash leaves behind never
+    # holds allocations whose handles are already gone.
+    (change,) = [c for c in hosts_by_name(report)[GONE]["changes"] if c["key"] == "ipamblocks/100-96-9-0-26"]
+    assert change["op"] == "delete" and json.loads(change["before"])["allocations"][5] is not None
+    assert tombstones == [[None] * 64]
     assert harness.kubeapi.count("PUT", f"^{CRD}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
 
 

@@ -102,8 +102,9 @@ class KddDatastore:
         blocks, malformed = [], []
         for obj in self._list(BLOCKS, problems):
             spec = obj.get("spec") or {}
-            if spec.get("deleted") is True:
-                continue  # a tombstone: Calico's readers treat it as gone
+            # A tombstone (`deleted: true`) is a deletion its writer did not finish. Calico's own
+            # readers treat it as gone, but while it exists its CIDR cannot be claimed again, so it
+            # is kept here as a block: an orphan's is finished like any other empty block of it.
             try:
                 cidr = str(ipaddress.ip_network(str(spec.get("cidr"))))
             except ValueError:
@@ -246,7 +247,9 @@ class KddDatastore:
                     marked = self._kube.request(
                         "PUT",
                         path,
-                        body=self._object(plural, write.key, write.revision, mark(json.loads(write.before or "{}"))),
+                        body=self._object(
+                            plural, write.key, write.revision, mark(json.loads(write.final or write.before or "{}"))
+                        ),
                     )
                     uid, revision = marked["metadata"].get("uid", uid), marked["metadata"]["resourceVersion"]
                 self._kube.request(

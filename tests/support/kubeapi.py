@@ -80,6 +80,11 @@ class KubeApiServer:
     logs: dict[tuple[str, str], str] = field(default_factory=dict)  # previous container logs by (ns, pod)
     # API groups not installed here (no CRDs): answered 404 as the real server does.
     uninstalled_groups: set[str] = field(default_factory=set)
+    # Crash tests: asked at every write to Calico's CRDs, it answers "kill_before" (call `kill`,
+    # drop the connection unanswered), "kill_after" (write, then the same), "conflict" (another
+    # writer bumps the object's resourceVersion first) or None.
+    crd_writes: Callable[[], str | None] | None = None
+    kill: Callable[[], None] = lambda: None
     _revision: int = 100
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
@@ -197,7 +202,31 @@ class KubeApiServer:
         self._revision += 1
         return str(self._revision)
 
-    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str]:
+    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str] | None:
+        """The answer, or None to drop the connection unanswered (the client was killed)."""
+        path = urlsplit(raw_path).path
+        action = None
+        if (
+            self.crd_writes is not None
+            and method in ("POST", "PUT", "DELETE", "PATCH")
+            and "/crd.projectcalico.org/" in path
+        ):
+            action = self.crd_writes()
+        if action == "kill_before":
+            self.kill()
+            return None
+        if action == "conflict":
+            route = _ROUTE.match(path)
+            current = self.get(route.group("collection"), route.group("name")) if route else None
+            if current is not None:
+                self.put(route.group("collection"), current)  # type: ignore[union-attr]
+        answer = self._handle(method, raw_path, body)
+        if action == "kill_after":
+            self.kill()
+            return None
+        return answer
+
+    def _handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str]:
         parts = urlsplit(raw_path)
         with self._lock:
             self.requests.append((method, parts.path))
@@ -332,7 +361,11 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
 
         def _respond(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            status, body = api.handle(self.command, self.path, self.rfile.read(length) if length else b"")
+            answer = api.handle(self.command, self.path, self.rfile.read(length) if length else b"")
+            if answer is None:
+                self.close_connection = True
+                return
+            status, body = answer
             text = isinstance(body, str)
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(status)

@@ -93,29 +93,31 @@ class WriteRelay:
                 self._session.post(f"{self.etcd_url}/v3/kv/put", json=put, timeout=30).raise_for_status()
                 return
 
+    def next_write(self) -> Action | None:
+        """Count one write; the action to take at it when it is the trigger's."""
+        with self._lock:
+            index, self.writes = self.writes, self.writes + 1
+            trigger = self.trigger if self.trigger is not None and self.trigger.index == index else None
+        if trigger is None:
+            return None
+        self.fired.set()
+        return trigger.action
+
     def handle(self, method: str, path: str, raw: bytes, content_type: str | None) -> tuple[int, bytes] | None:
         """The answer to send, or None to drop the connection (the job is dead)."""
         body = json.loads(raw or b"{}") if method == "POST" else {}
-        action: Action | None = None
         write = is_write(method, path, body)
         if not write and self.reads_wait_for is not None:
             self.reads_wait_for.wait(timeout=60)
-        if write:
-            with self._lock:
-                index, self.writes = self.writes, self.writes + 1
-                if self.trigger is not None and self.trigger.index == index:
-                    action = self.trigger.action
+        action = self.next_write() if write else None
         if action == "kill_before":
             self.send_signal(signal.SIGKILL)
-            self.fired.set()
             return None
         if action == "conflict":
             self._bump(path, body)
         if action == "sigterm":
             self.send_signal(signal.SIGTERM)
         answer = self._forward(method, path, raw, content_type)
-        if action is not None:
-            self.fired.set()
         if action == "kill_after":
             self.send_signal(signal.SIGKILL)
             return None
