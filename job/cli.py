@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import partial
 
 from job import __version__, logs, report
 from job.config import Config, ConfigError, load
@@ -19,7 +20,9 @@ from job.datastores.base import Datastore
 from job.datastores.etcdv2 import EtcdV2Datastore
 from job.datastores.etcdv3 import EtcdV3Datastore
 from job.datastores.kdd import KddDatastore
-from job.kube import Kube, KubeError, LeaseLock, api_client
+from job.health_reads import read_health
+from job.kube import Kube, KubeError, api_client
+from job.lease import LeaseLock
 from job.retry import RetryPolicy
 from job.runner import Dependencies, ExitCode, run
 from job.state import ConfigMapStateStore, FileStateStore, StateStore
@@ -48,7 +51,7 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
         if config.lock == "lease"
         else None
     )
-    return Dependencies(kube, datastore(config, retry, kube), state, lock, _now, run_id)
+    return Dependencies(kube, datastore(config, retry, kube), state, lock, _now, run_id, partial(read_health, kube))
 
 
 def datastore(config: Config, retry: RetryPolicy, kube: Kube) -> Datastore:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from job.model import CalicoHost, IpConflict, KubeNode
+from job.model import CalicoHost, IpConflict, KubeNode, parse_time
 
 FORBIDDEN = "skipped: forbidden"
 BACKOFF_REASONS = frozenset(
@@ -81,20 +81,13 @@ def is_crash_looping(pod: CalicoNodePod, restart_threshold: int) -> bool:
     return not pod.ready and (pod.waiting_reason in BACKOFF_REASONS or pod.restarts >= restart_threshold)
 
 
-def _time(text: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
-
-
 def network_unavailable(nodes: Iterable[KubeNode], now: datetime, threshold_s: float) -> list[dict[str, Any]]:
     findings = []
     for node in sorted(nodes, key=lambda n: n.name):
         info = node.network_unavailable
         if info is None:
             continue
-        since = _time(info.since)
+        since = parse_time(info.since)
         seconds = (now - since).total_seconds() if since else None
         stuck = seconds is None or seconds >= threshold_s
         findings.append(

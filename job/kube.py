@@ -9,11 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from functools import partial
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,19 +22,15 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from job.config import Config
-from job.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
 from job.model import KubeNode, NetworkUnavailable
-from job.retry import RetryPolicy, describe_error
+from job.retry import RetryPolicy
 
 log = structlog.get_logger("calico_gc.kube")
 T = TypeVar("T")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
-CALICO_NODE_CONTAINER = "calico-node"
-WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 REQUEST_TIMEOUT_S = 30
-MIN_RENEW_INTERVAL_S = 1.0
 
 
 class KubeError(Exception):
@@ -127,19 +120,6 @@ def _network_reason(error: object) -> str:
     return found.group(1).strip() if found else _one_line(str(error), 160) or type(error).__name__
 
 
-def _micro_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 class Kube:
     """The job's Kubernetes calls, each retried on 429/5xx and connection errors.
 
@@ -159,7 +139,7 @@ class Kube:
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """One API call with retries; a non-2xx answer raises KubeError with its status."""
-        text = self._request_text(method, path, query, body)
+        text = self.request_text(method, path, query, body)
         try:
             data = json.loads(text)
         except ValueError:
@@ -207,7 +187,7 @@ class Kube:
             return f"the client certificate {configuration.cert_file}"
         return "the anonymous request: the configuration carries no credential"
 
-    def _request_text(
+    def request_text(
         self,
         method: str,
         path: str,
@@ -292,79 +272,6 @@ class Kube:
             return self.request("PUT", f"{collection}/{name}", body=body)
         return self.request("POST", collection, body=body)
 
-    # Lease (one run at a time)
-
-    def acquire_lease(self, namespace: str, name: str, holder: str, duration: timedelta) -> str | None:
-        """Take the Lease if free, expired or ours; return the other holder when it is not."""
-        now = self._clock()
-        collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-        spec = {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": int(duration.total_seconds()),
-            "acquireTime": _micro_time(now),
-            "renewTime": _micro_time(now),
-        }
-        try:
-            current = self.request("GET", f"{collection}/{name}")
-        except KubeError as error:
-            if error.status != 404:
-                raise
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": spec,
-            }
-            return self._write_lease("POST", collection, body, "another run")
-        held = current.get("spec") or {}
-        other = held.get("holderIdentity")
-        renewed = _parse_time(held.get("renewTime")) or _parse_time(held.get("acquireTime"))
-        expires = renewed + timedelta(seconds=held.get("leaseDurationSeconds") or 0) if renewed else None
-        if other and other != holder and expires is not None and expires > now:
-            return str(other)
-        current["spec"] = {
-            **held,
-            **spec,
-            "leaseTransitions": int(held.get("leaseTransitions") or 0) + (other != holder),
-        }
-        if other and other != holder:
-            log.warning("lease_taken_over", previous_holder=other, expired_at=str(expires))
-        return self._write_lease("PUT", f"{collection}/{name}", current, str(other or "another run"))
-
-    def _write_lease(self, method: str, path: str, body: dict[str, Any], other: str) -> str | None:
-        try:
-            self.request(method, path, body=body)
-            return None
-        except KubeError as error:
-            if error.status == 409:
-                return other  # someone else wrote the Lease first
-            raise
-
-    def _rewrite_own_lease(
-        self, namespace: str, name: str, holder: str, change: Callable[[dict[str, Any]], None], event: str
-    ) -> bool:
-        """Apply `change` to the Lease spec if it is still ours; False when it is not, or on any
-        API error (gone, taken meanwhile: 409, unanswerable), which is logged as `event`."""
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-        try:
-            current = self.request("GET", path)
-            spec = current.setdefault("spec", {})
-            if spec.get("holderIdentity") != holder:
-                return False
-            change(spec)
-            self.request("PUT", path, body=current)
-            return True
-        except KubeError as error:
-            log.warning(event, status=error.status)
-            return False
-
-    def renew_lease(self, namespace: str, name: str, holder: str) -> bool:
-        """Move renewTime on; False means the lock cannot be confirmed, so stop acting."""
-        now = _micro_time(self._clock())
-        return self._rewrite_own_lease(
-            namespace, name, holder, lambda spec: spec.update(renewTime=now), "lease_renewal_failed"
-        )
-
     @property
     def host(self) -> str:
         """The API server URL, for the report."""
@@ -372,152 +279,6 @@ class Kube:
 
     def now(self) -> datetime:
         return self._clock()
-
-    def release_lease(self, namespace: str, name: str, holder: str) -> None:
-        """Give the Lease up if it is still ours."""
-
-        def give_up(spec: dict[str, Any]) -> None:
-            spec.pop("holderIdentity", None)
-            spec["leaseDurationSeconds"] = 1
-
-        self._rewrite_own_lease(namespace, name, holder, give_up, "lease_release_failed")
-
-    # Network health (read-only)
-
-    def read_health(self, config: Config) -> HealthInputs:
-        """Everything the diagnosis needs; a check the job may not read becomes `skipped: forbidden`."""
-        inputs = HealthInputs()
-        try:
-            selector = {"labelSelector": config.calico_node_selector}
-            pods = [
-                pod
-                for namespace in config.calico_node_namespaces
-                for pod in self.list_all(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
-            ]
-            inputs.pods = tuple(self._with_previous_log(pod, config) for pod in pods)
-        except KubeError as error:
-            inputs.pods = None
-            inputs.checks["calico_node"] = _skipped(error)
-        try:
-            hooks: list[Webhook] = []
-            for kind, plural in WEBHOOK_KINDS:
-                for hooks_of_one in self.list_all(
-                    f"/apis/admissionregistration.k8s.io/v1/{plural}", partial(_webhooks, kind=kind)
-                ):
-                    hooks.extend(hooks_of_one)
-            inputs.webhooks = tuple(hooks)
-            inputs.ready_endpoints = {
-                hook.service: self._ready_endpoints(*hook.service)
-                for hook in hooks
-                if hook.service and hook.failure_policy == "Fail"
-            }
-        except KubeError as error:
-            inputs.webhooks = None
-            inputs.checks["webhooks"] = _skipped(error)
-        return inputs
-
-    def _with_previous_log(self, pod: CalicoNodePod, config: Config) -> CalicoNodePod:
-        if not is_crash_looping(pod, config.restart_threshold):
-            return pod
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/log"
-        query = {"container": CALICO_NODE_CONTAINER, "previous": "true", "tailLines": config.log_tail_lines}
-        try:
-            # Once, not retried: without a reachable kubelet (a node whose network is broken) the
-            # log is a 500 every time, and only this pod's cause is lost, never the whole check.
-            text = self._request_text("GET", path, query, retry=False)
-        except KubeError as error:
-            # 400: no previous container yet; 404: gone meanwhile
-            return replace(pod, log_error=None if error.status in (400, 404) else str(error))
-        return replace(pod, previous_log=text)
-
-    def _ready_endpoints(self, namespace: str, service: str) -> int | None:
-        """Ready endpoints behind a Service, from its EndpointSlices; None when not allowed to look."""
-        try:
-            ready_per_slice = self.list_all(
-                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
-                _ready_in_slice,
-                {"labelSelector": f"kubernetes.io/service-name={service}"},
-            )
-        except KubeError as error:
-            if error.status == 403:
-                return None
-            raise
-        return sum(ready_per_slice)
-
-
-def _ready_in_slice(endpoint_slice: dict[str, Any]) -> int:
-    endpoints = endpoint_slice.get("endpoints") or []
-    return sum(1 for e in endpoints if (e.get("conditions") or {}).get("ready") is not False)
-
-
-def _skipped(error: KubeError) -> str:
-    """Health is read-only help: a check that cannot be read is skipped, never a failed run."""
-    log.warning("health_check_skipped", status=error.status, error=str(error))
-    return FORBIDDEN if error.status == 403 else f"skipped: HTTP {error.status}"
-
-
-@dataclass
-class LeaseLock:
-    """One run at a time. The Lease is short and renewed by a thread for the whole run, reads
-    included, so a run killed by SIGKILL locks later runs out for one Lease duration at most."""
-
-    kube: Kube
-    namespace: str
-    name: str
-    holder: str
-    duration: timedelta
-    _renewed: datetime | None = None
-    _lost: threading.Event = field(default_factory=threading.Event)
-    _done: threading.Event = field(default_factory=threading.Event)
-    _renewing: threading.Lock = field(default_factory=threading.Lock)
-    _thread: threading.Thread | None = None
-
-    def acquire(self) -> str | None:
-        other = self.kube.acquire_lease(self.namespace, self.name, self.holder, self.duration)
-        if other is None:
-            self._renewed = self.kube.now()
-            self._thread = threading.Thread(target=self._renew_in_background, name="lease-renewal", daemon=True)
-            self._thread.start()
-        return other
-
-    def _renew_in_background(self) -> None:
-        interval = max(self.duration.total_seconds() / 3, MIN_RENEW_INTERVAL_S)
-        while not self._done.wait(interval):
-            if not self._renew():
-                return
-
-    def _renew(self) -> bool:
-        """Renew now; on any failure the lock counts as lost, so that nothing more is deleted."""
-        with self._renewing:
-            if self._lost.is_set():
-                return False
-            now = self.kube.now()
-            try:
-                renewed = self.kube.renew_lease(self.namespace, self.name, self.holder)
-            except Exception as error:  # unreachable after retries: the lock cannot be confirmed
-                log.warning("lease_renewal_failed", error=describe_error(error))
-                renewed = False
-            if not renewed:
-                log.warning("lock_lost", lease=f"{self.namespace}/{self.name}")
-                self._lost.set()
-                return False
-            self._renewed = now
-            return True
-
-    def still_held(self) -> bool:
-        """False once the Lease was lost; renews first when a third of its duration has passed."""
-        if self._lost.is_set():
-            return False
-        if self._renewed is not None and self.kube.now() - self._renewed < self.duration / 3:
-            return True
-        return self._renew()
-
-    def release(self) -> None:
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join()
-        if not self._lost.is_set():
-            self.kube.release_lease(self.namespace, self.name, self.holder)
 
 
 def _kube_node(item: dict[str, Any]) -> KubeNode:
@@ -547,48 +308,3 @@ def _kube_node(item: dict[str, Any]) -> KubeNode:
             taint_added=(taint or {}).get("timeAdded") if taint else None,
         )
     return KubeNode(str((item.get("metadata") or {}).get("name", "")), internal, unavailable)
-
-
-def _calico_node_pod(item: dict[str, Any]) -> CalicoNodePod:
-    metadata, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
-    containers = status.get("containerStatuses") or []
-    container = next(
-        (c for c in containers if c.get("name") == CALICO_NODE_CONTAINER), containers[0] if containers else {}
-    )
-    waiting = (container.get("state") or {}).get("waiting") or {}
-    terminated = (container.get("lastState") or {}).get("terminated") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    return CalicoNodePod(
-        namespace=str(metadata.get("namespace", "")),
-        name=str(metadata.get("name", "")),
-        node=spec.get("nodeName"),
-        phase=status.get("phase"),
-        ready=ready,
-        restarts=int(container.get("restartCount") or 0),
-        waiting_reason=waiting.get("reason"),
-        last_exit_code=terminated.get("exitCode"),
-        last_reason=terminated.get("reason"),
-        last_finished_at=terminated.get("finishedAt"),
-        labels=metadata.get("labels") or {},
-    )
-
-
-def _webhooks(configuration: dict[str, Any], kind: str) -> list[Webhook]:
-    found = []
-    for hook in configuration.get("webhooks") or []:
-        service = (hook.get("clientConfig") or {}).get("service")
-        found.append(
-            Webhook(
-                configuration=str((configuration.get("metadata") or {}).get("name", "")),
-                name=str(hook.get("name", "")),
-                kind=kind,
-                failure_policy=hook.get("failurePolicy") or "Fail",
-                rules=hook.get("rules") or [],
-                namespace_selector=hook.get("namespaceSelector"),
-                object_selector=hook.get("objectSelector"),
-                service=(service.get("namespace", "default"), service["name"])
-                if service and service.get("name")
-                else None,
-            )
-        )
-    return found

@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 JsonObject = dict[str, Any]
+
+
+def parse_time(text: object) -> datetime | None:
+    """An RFC 3339 time as Kubernetes, Felix and our state write it; None when it is not one. A
+    time without a zone (written by hand) is read as UTC, so that it compares with the clock."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,8 +61,6 @@ class Lock(Protocol):
 class NodeSource(NodeChecker, Protocol):
     def list_nodes(self) -> tuple[KubeNode, ...]: ...
 
-    def read_health(self, config: Config) -> HealthInputs: ...
-
 
 @dataclass(frozen=True)
 class Dependencies:
@@ -72,6 +70,7 @@ class Dependencies:
     lock: Lock | None
     clock: Callable[[], datetime]
     run_id: str
+    health: Callable[[Config], HealthInputs]  # the read side of the network-health diagnosis
     stopping: threading.Event = field(default_factory=threading.Event)  # set by SIGTERM/SIGINT
 
 
@@ -131,10 +130,10 @@ def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCo
             log.warning("lock_release_failed", error=str(error))
 
 
-def _read_kubernetes(nodes: NodeSource, config: Config) -> tuple[tuple[KubeNode, ...], HealthInputs]:
-    listed = nodes.list_nodes()
+def _read_kubernetes(deps: Dependencies, config: Config) -> tuple[tuple[KubeNode, ...], HealthInputs]:
+    listed = deps.nodes.list_nodes()
     log.info("kubernetes_read", nodes=len(listed))
-    return listed, nodes.read_health(config)
+    return listed, deps.health(config)
 
 
 def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> bool:
@@ -150,7 +149,7 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-read") as pool:
-        kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps.nodes, config)
+        kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps, config)
         inventory = deps.datastore.read()
         kube_nodes, health_inputs = kube_read.result()
     record.k8s_node_count = len(kube_nodes)

@@ -7,13 +7,14 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
 from job.kube import Conflict, Kube, KubeError
+from job.model import parse_time
 
 log = structlog.get_logger("calico_gc.state")
 STATE_KEY = "state.json"
@@ -46,11 +47,6 @@ def encode(state: GraceState) -> str:
     return json.dumps({"schema": STATE_SCHEMA, "orphans": orphans}, indent=1, sort_keys=True)
 
 
-def _moment(text: object) -> datetime:
-    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)  # written by hand: UTC
-
-
 def decode(text: str, source: str) -> Loaded:
     """Parse stored state. An unreadable entry loses only its own sighting (its wait restarts);
     a document that is not state at all loses every one. Both are reported, never fatal."""
@@ -64,10 +60,11 @@ def decode(text: str, source: str) -> Loaded:
     sightings: dict[str, datetime] = {}
     problems = []
     for name, since in orphans.items():
-        try:
-            sightings[str(name)] = _moment(since)
-        except (ValueError, TypeError):
+        moment = parse_time(since)
+        if moment is None:
             problems.append(f"{source}: first sighting of {name} is {since!r}, not a time; its wait restarts")
+        else:
+            sightings[str(name)] = moment
     return Loaded(sightings, tuple(problems))
 
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ import pytest
 from job import logs
 from job.cli import datastore
 from job.config import Config, EtcdEndpoint
-from job.kube import Kube, LeaseLock, api_client
+from job.health_reads import read_health
+from job.kube import Kube, api_client
+from job.lease import LeaseLock
 from job.report import SCHEMA_PATH
 from job.retry import RetryPolicy
 from job.runner import Dependencies, run
@@ -109,6 +112,7 @@ class Harness:
             lease,
             lambda: self.now,
             "test-run",
+            partial(read_health, kube),
         )
 
     def run(self, config: Config | None = None, **kwargs: Any) -> tuple[dict[str, Any], int]:

@@ -1,0 +1,138 @@
+"""The read side of the network-health diagnosis: calico-node pods (and, for those that crash
+loop, their previous log), admission webhooks and the endpoints behind them. Read-only; a check
+that cannot be read is skipped, never a failed run. The diagnosis itself is pure (health.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import structlog
+
+from job.config import Config
+from job.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
+from job.kube import Kube, KubeError
+
+log = structlog.get_logger("calico_gc.health")
+CALICO_NODE_CONTAINER = "calico-node"
+WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
+
+
+def read_health(kube: Kube, config: Config) -> HealthInputs:
+    """Everything the diagnosis needs; a check the job may not read becomes `skipped: forbidden`."""
+    inputs = HealthInputs()
+    try:
+        selector = {"labelSelector": config.calico_node_selector}
+        pods = [
+            pod
+            for namespace in config.calico_node_namespaces
+            for pod in kube.list_all(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
+        ]
+        inputs.pods = tuple(_with_previous_log(kube, pod, config) for pod in pods)
+    except KubeError as error:
+        inputs.pods = None
+        inputs.checks["calico_node"] = _skipped(error)
+    try:
+        hooks: list[Webhook] = []
+        for kind, plural in WEBHOOK_KINDS:
+            for hooks_of_one in kube.list_all(
+                f"/apis/admissionregistration.k8s.io/v1/{plural}", partial(_webhooks, kind=kind)
+            ):
+                hooks.extend(hooks_of_one)
+        inputs.webhooks = tuple(hooks)
+        inputs.ready_endpoints = {
+            hook.service: _ready_endpoints(kube, *hook.service)
+            for hook in hooks
+            if hook.service and hook.failure_policy == "Fail"
+        }
+    except KubeError as error:
+        inputs.webhooks = None
+        inputs.checks["webhooks"] = _skipped(error)
+    return inputs
+
+
+def _with_previous_log(kube: Kube, pod: CalicoNodePod, config: Config) -> CalicoNodePod:
+    if not is_crash_looping(pod, config.restart_threshold):
+        return pod
+    path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/log"
+    query = {"container": CALICO_NODE_CONTAINER, "previous": "true", "tailLines": config.log_tail_lines}
+    try:
+        # Once, not retried: without a reachable kubelet (a node whose network is broken) the
+        # log is a 500 every time, and only this pod's cause is lost, never the whole check.
+        text = kube.request_text("GET", path, query, retry=False)
+    except KubeError as error:
+        # 400: no previous container yet; 404: gone meanwhile
+        return replace(pod, log_error=None if error.status in (400, 404) else str(error))
+    return replace(pod, previous_log=text)
+
+
+def _ready_endpoints(kube: Kube, namespace: str, service: str) -> int | None:
+    """Ready endpoints behind a Service, from its EndpointSlices; None when not allowed to look."""
+    try:
+        ready_per_slice = kube.list_all(
+            f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+            _ready_in_slice,
+            {"labelSelector": f"kubernetes.io/service-name={service}"},
+        )
+    except KubeError as error:
+        if error.status == 403:
+            return None
+        raise
+    return sum(ready_per_slice)
+
+
+def _ready_in_slice(endpoint_slice: dict[str, Any]) -> int:
+    endpoints = endpoint_slice.get("endpoints") or []
+    return sum(1 for e in endpoints if (e.get("conditions") or {}).get("ready") is not False)
+
+
+def _skipped(error: KubeError) -> str:
+    """Health is read-only help: a check that cannot be read is skipped, never a failed run."""
+    log.warning("health_check_skipped", status=error.status, error=str(error))
+    return FORBIDDEN if error.status == 403 else f"skipped: HTTP {error.status}"
+
+
+def _calico_node_pod(item: dict[str, Any]) -> CalicoNodePod:
+    metadata, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    container = next(
+        (c for c in containers if c.get("name") == CALICO_NODE_CONTAINER), containers[0] if containers else {}
+    )
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    terminated = (container.get("lastState") or {}).get("terminated") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return CalicoNodePod(
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata.get("name", "")),
+        node=spec.get("nodeName"),
+        phase=status.get("phase"),
+        ready=ready,
+        restarts=int(container.get("restartCount") or 0),
+        waiting_reason=waiting.get("reason"),
+        last_exit_code=terminated.get("exitCode"),
+        last_reason=terminated.get("reason"),
+        last_finished_at=terminated.get("finishedAt"),
+        labels=metadata.get("labels") or {},
+    )
+
+
+def _webhooks(configuration: dict[str, Any], kind: str) -> list[Webhook]:
+    found = []
+    for hook in configuration.get("webhooks") or []:
+        service = (hook.get("clientConfig") or {}).get("service")
+        found.append(
+            Webhook(
+                configuration=str((configuration.get("metadata") or {}).get("name", "")),
+                name=str(hook.get("name", "")),
+                kind=kind,
+                failure_policy=hook.get("failurePolicy") or "Fail",
+                rules=hook.get("rules") or [],
+                namespace_selector=hook.get("namespaceSelector"),
+                object_selector=hook.get("objectSelector"),
+                service=(service.get("namespace", "default"), service["name"])
+                if service and service.get("name")
+                else None,
+            )
+        )
+    return found
