@@ -253,6 +253,26 @@ class Kube:
                 return False
             raise
 
+    def allowed(self, verb: str, group: str, resource: str, namespace: str, name: str) -> bool | None:
+        """What RBAC says of one request (a SelfSubjectAccessReview, which every authenticated
+        user may create); None when the server does not say."""
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    "namespace": namespace,
+                    "name": name,
+                }
+            },
+        }
+        answer = self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=body)
+        allowed = (answer.get("status") or {}).get("allowed")
+        return allowed if isinstance(allowed, bool) else None
+
     # ConfigMaps (grace state)
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -61,6 +61,8 @@ class Lock(Protocol):
 class NodeSource(NodeChecker, Protocol):
     def list_nodes(self) -> tuple[KubeNode, ...]: ...
 
+    def allowed(self, verb: str, group: str, resource: str, namespace: str, name: str) -> bool | None: ...
+
 
 @dataclass(frozen=True)
 class Dependencies:
@@ -111,7 +113,24 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     return report, int(code)
 
 
+def _writable_names(config: Config, deps: Dependencies) -> None:
+    """Refuse a state ConfigMap or Lease name that RBAC does not let this run update: the
+    manifests grant `update` on their default names only, and a renamed object would be
+    created once and then never written again."""
+    wanted = [] if config.state_file else [("", "configmaps", config.state_configmap, "--state-configmap")]
+    if deps.lock is not None:
+        wanted.append(("coordination.k8s.io", "leases", config.lock_name, "--lock-name"))
+    for group, resource, name, flag in wanted:
+        if deps.nodes.allowed("update", group, resource, config.namespace, name) is False:
+            raise KubeError(
+                f"RBAC does not let this service account update {resource} {config.namespace}/{name}: set {flag} "
+                "back to the name manifests/base/rbac.yaml grants, or grant this one there too",
+                kind="config",
+            )
+
+
 def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
+    _writable_names(config, deps)
     if deps.lock is None:
         return _run(config, deps, record)
     holder = deps.lock.acquire()

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from job.kube import Kube, api_client
+from job.runner import run
 from job.state import ConfigMapStateStore
 from tests.conftest import Harness, hosts_by_name
 from tests.support import scenario as s
@@ -77,3 +78,28 @@ def test_the_configmap_store_builds_on_its_own_write(harness: Harness) -> None:
     assert code == 0 and report["summary"]["deleted"] == 2 and grace_errors(report) == []
     assert harness.kubeapi.count("POST", f"^{CONFIGMAPS}$") == 1, "created once"
     assert harness.kubeapi.count("PUT", f"^{CONFIGMAPS}/calico-gc-state$") == 1, "then replaced with no 409"
+
+
+@pytest.mark.parametrize(
+    ("denied", "overrides", "flag"),
+    [
+        (
+            ("update", "configmaps", "my-state"),
+            {"state_file": None, "state_configmap": "my-state"},
+            "--state-configmap",
+        ),
+        (("update", "leases", "my-lock"), {"lock_name": "my-lock"}, "--lock-name"),
+    ],
+)
+def test_a_name_rbac_does_not_grant_is_refused_before_anything_is_written(
+    harness: Harness, denied: tuple[str, str, str], overrides: dict[str, object], flag: str
+) -> None:
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.denied.add(denied)
+    before = harness.dump()
+    config = harness.config(apply=True, **overrides)
+    report, code = run(config, harness.dependencies(config, lock=True))
+    (error,) = report["errors"]
+    assert code == 2 and error["kind"] == "config" and flag in error["message"]
+    assert harness.dump() == before
+    assert harness.kubeapi.count("POST", "^/api/v1/namespaces/calico-gc/configmaps$") == 0

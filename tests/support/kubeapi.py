@@ -85,6 +85,8 @@ class KubeApiServer:
     # writer bumps the object's resourceVersion first) or None.
     crd_writes: Callable[[], str | None] | None = None
     kill: Callable[[], None] = lambda: None
+    # (verb, resource, name) that RBAC refuses this client; SelfSubjectAccessReviews answer so.
+    denied: set[tuple[str, str, str]] = field(default_factory=set)
     _revision: int = 100
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
@@ -240,6 +242,8 @@ class KubeApiServer:
                 if fault.method == method and fault.path.search(parts.path) and fault.times > 0:
                     fault.times -= 1
                     return fault.status, fault.body or status_body(fault.status, f"injected {fault.status}")
+            if method == "POST" and parts.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
+                return self._access_review(body)
             route = _ROUTE.match(parts.path)
             group = parts.path.split("/")[2] if parts.path.startswith("/apis/") else ""
             if route is None or group in self.uninstalled_groups:
@@ -318,6 +322,14 @@ class KubeApiServer:
             del items[name]
             return 200, current
         return 405, status_body(405, "method not allowed")
+
+    def _access_review(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """As the real server: the review comes back with `status.allowed`; nothing is stored."""
+        review = json.loads(body)
+        attributes = review.get("spec", {}).get("resourceAttributes", {})
+        wanted = (attributes.get("verb"), attributes.get("resource"), attributes.get("name"))
+        review["status"] = {"allowed": wanted not in self.denied}
+        return 201, review
 
     def _log(self, namespace: str, pod: str, query: dict[str, str]) -> tuple[int, dict[str, Any] | str]:
         text = self.logs.get((namespace, pod))
