@@ -67,6 +67,16 @@ def test_an_attribute_shared_by_ips_stays_until_all_of_them_are_released() -> No
     assert handles == {"h": 1}
 
 
+def test_release_never_writes_a_block_worse_than_it_read() -> None:
+    """Ordinal 1 is both allocated and listed in `unallocated` (damaged data): after its release
+    it is listed once, not twice."""
+    block = block_with({1: ("h1", "a"), 2: ("h2", "b")})
+    block["unallocated"].append(1)
+    new, _ = release(block, {1})
+    assert new["unallocated"].count(1) == 1
+    assert sorted(new["unallocated"]) == [o for o, index in enumerate(new["allocations"]) if index is None]
+
+
 def test_release_keeps_fields_it_does_not_know() -> None:
     block = block_with({1: ("h1", "a")}, futureField={"x": [1, 2]}, affinity_claim_time="2026-01-01T00:00:00Z")
     new, _ = release(block, {1})

@@ -147,10 +147,14 @@ def test_guards_refuse_the_run_but_keep_the_full_plan(hosts: Inventory, k8s: tup
         assert plan.decisions, "a refused run still reports what it would have done"
 
 
-def test_an_empty_datastore_is_refused_with_the_settings_to_check() -> None:
-    plan = plan_run(inventory(), K8S, {}, NOW, NO_GRACE)
-    assert [g.name for g in plan.guards] == ["foreign_datastore"]
-    assert "ETCD_ENDPOINTS" in plan.guards[0].message and "DATASTORE_TYPE" in plan.guards[0].message
+@pytest.mark.parametrize(
+    ("hosts", "k8s"), [(inventory(), K8S), (inventory(host("a"), host("b")), nodes("x", "y", "z", "a"))]
+)
+def test_a_foreign_datastore_is_refused_with_the_settings_to_check(hosts: Inventory, k8s: tuple[KubeNode, ...]) -> None:
+    plan = plan_run(hosts, k8s, {}, NOW, NO_GRACE)
+    (guard,) = [g for g in plan.guards if g.name == "foreign_datastore"]
+    assert "ETCD_ENDPOINTS" in guard.message and "DATASTORE_TYPE" in guard.message
+    assert all(kind in guard.message for kind in ("etcdv3", "etcdv2", "kubernetes")), "all three types named"
 
 
 def test_orphan_fraction_message_names_the_flag_to_raise() -> None:

@@ -16,6 +16,7 @@ from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
 from tests.support.job_process import job_argv, run_job
 from tests.support.scenario import cross_borrowing_fleet
+from tests.support.write_relay import Action as RelayAction
 from tests.support.write_relay import Trigger, WriteRelay
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
@@ -42,17 +43,21 @@ def fleet(harness: Harness) -> None:
 
 
 @pytest.mark.usefixtures("fleet")
-@pytest.mark.parametrize("as_pid_one", [False, True], ids=["process", "pid-1"])
-def test_sigterm_finishes_the_host_in_flight_reports_and_releases_the_lease(
-    harness: Harness, relay: WriteRelay, as_pid_one: bool
+@pytest.mark.parametrize(
+    ("action", "as_pid_one"),
+    [("sigterm", False), ("sigterm", True), ("sigint", False)],
+    ids=["sigterm", "sigterm-pid-1", "sigint"],
+)
+def test_a_stop_signal_finishes_the_host_in_flight_reports_and_releases_the_lease(
+    harness: Harness, relay: WriteRelay, action: RelayAction, as_pid_one: bool
 ) -> None:
     if as_pid_one and not pid_namespaces_work():
         pytest.skip("unshare --pid --fork is not permitted here")
     argv = job_argv(harness.kubeapi, relay, harness.tmp)
-    # SIGTERM arrives while the first host's second transaction is on its way to etcd.
-    finished = run_job(argv, relay, Trigger(1, "sigterm"), launcher=PID_ONE if as_pid_one else ())
+    # The signal arrives while the first host's second transaction is on its way to etcd.
+    finished = run_job(argv, relay, Trigger(1, action), launcher=PID_ONE if as_pid_one else ())
     assert finished.code == 143, finished.stderr[-2000:]
-    assert "Traceback" not in finished.stderr and '"signal": "SIGTERM"' in finished.stderr
+    assert "Traceback" not in finished.stderr and f'"signal": "{action.upper()}"' in finished.stderr
     report = finished.report
     assert report is not None and report["outcome"] == "interrupted" and report["exit_code"] == 143
     hosts = hosts_by_name(report)

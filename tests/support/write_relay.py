@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import requests
 
-Action = Literal["kill_before", "kill_after", "conflict", "sigterm"]
+Action = Literal["kill_before", "kill_after", "conflict", "sigterm", "sigint"]
 
 
 def is_write(method: str, path: str, body: dict[str, Any]) -> bool:
@@ -115,8 +115,8 @@ class WriteRelay:
             return None
         if action == "conflict":
             self._bump(path, body)
-        if action == "sigterm":
-            self.send_signal(signal.SIGTERM)
+        if action in ("sigterm", "sigint"):
+            self.send_signal(signal.SIGTERM if action == "sigterm" else signal.SIGINT)
         answer = self._forward(method, path, raw, content_type)
         if action == "kill_after":
             self.send_signal(signal.SIGKILL)
