@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from job.config import OPTIONS
+from job.config import OPTIONS, Config, load
 from job.runner import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,10 +106,13 @@ def test_the_kdd_overlay_may_clean_exactly_the_calico_resources() -> None:
     assert all("*" not in rule["resources"] and "*" not in rule["verbs"] for rule in rules)
 
 
-def test_configmap_settings_are_all_known_to_the_job() -> None:
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_configmap_settings_are_all_known_to_the_job_and_valid(overlay: str) -> None:
     known = {option.env for option in OPTIONS}
-    configmap = next(d for d in render("cronjob") if d["kind"] == "ConfigMap")
+    configmap = next(d for d in render(overlay) if d["kind"] == "ConfigMap")
     assert set(configmap["data"]) <= known
+    config = load([], {**configmap["data"], "ETCD_ENDPOINTS": "https://127.0.0.1:2379"})  # as the pod reads them
+    assert config.lease_duration == Config().lease_duration, "the manifests keep the default Lease"
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -122,4 +125,32 @@ def test_rbac_is_least_privilege() -> None:
         assert "delete" not in rule["verbs"] and "*" not in rule["verbs"] and "*" not in rule["resources"]
         if rule["verbs"] != ["create"]:
             assert rule["resourceNames"] in (["calico-gc-state"], ["calico-gc"])
-    assert all(d["metadata"].get("namespace", "kube-system") == "kube-system" for d in docs.values())
+
+
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_lands_where_its_references_expect(overlay: str) -> None:
+    """`kubectl apply -k` puts an object without a namespace in `default`: the CronJob would then
+    miss its ServiceAccount and ConfigMap in kube-system."""
+    docs = render(overlay)
+    for doc in docs:
+        where = doc["metadata"].get("namespace")
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert where is None, doc["metadata"]["name"]
+        else:
+            assert where == "kube-system", f"{doc['kind']} {doc['metadata']['name']} is in {where or 'default'}"
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        for subject in binding["subjects"]:
+            assert (subject["kind"], subject["name"], subject["namespace"]) == (
+                "ServiceAccount",
+                "calico-gc",
+                "kube-system",
+            )
+    _, pod = pod_spec(docs)
+    config_maps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    (container,) = pod["containers"]
+    for source in container.get("envFrom") or []:
+        if "configMapRef" in source and not source["configMapRef"].get("optional"):
+            assert source["configMapRef"]["name"] in config_maps
