@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
+IMAGE  ?= calico-gc
 
 .PHONY: help install test test-fast lint demo run bench image clean
 
@@ -44,7 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.dry_run
 
 image:
-	docker build -t calico-gc:dev .
+	docker build -t $(IMAGE):$(VERSION) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

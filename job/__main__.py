@@ -1,5 +1,3 @@
-import sys
+from job.cli import console
 
-from job.cli import main
-
-sys.exit(main(sys.argv[1:]))
+console()

@@ -114,3 +114,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         code = max(code, ExitCode.ERROR)
     print(report.summary_line(document), file=sys.stderr)
     return code
+
+
+def console() -> None:
+    """The `calico-gc` command that `pip install .` puts on PATH."""
+    sys.exit(main())

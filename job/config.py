@@ -109,6 +109,13 @@ OPTIONS: tuple[Option, ...] = (
         switch=True,
     ),
     Option(
+        "--dry-run",
+        "CALICO_GC_DRY_RUN",
+        "false",
+        "Write nothing, whatever --apply or CALICO_GC_APPLY say (for a one-off check of an applying CronJob).",
+        switch=True,
+    ),
+    Option(
         "--grace-period",
         "CALICO_GC_GRACE_PERIOD",
         "30m",
@@ -343,6 +350,21 @@ class Config:
         return any(re.fullmatch(pattern, host) for pattern in self.exclude)
 
 
+def effective(config: Config) -> dict[str, object]:
+    """Every setting as this run uses it, for the log line at start. Only paths and names: the
+    configuration holds no secret (certificates and tokens are files it names)."""
+    shown: dict[str, object] = {}
+    for name, value in vars(config).items():
+        if isinstance(value, timedelta):
+            value = format_duration(value)
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = [endpoint.url if isinstance(endpoint, EtcdEndpoint) else endpoint for endpoint in value]
+        shown[name] = value
+    return shown
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(message)
@@ -487,7 +509,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         raise ConfigError("--etcd-timeout: must be above 0")
     kubeconfig = optional("kubeconfig")
     return Config(
-        apply=_bool("--apply", text("apply")),
+        apply=_bool("--apply", text("apply")) and not _bool("--dry-run", text("dry_run")),
         grace_period=duration("grace_period"),
         conflict_grace_period=duration("conflict_grace_period"),
         max_deletions=_int("--max-deletions", text("max_deletions"), 0),

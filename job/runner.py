@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from job import __version__
 from job.apply import NodeChecker, apply_plan, fill_before
 from job.audit import ipam_audit
-from job.config import Config
+from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.kube import KubeError
@@ -81,7 +82,13 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     record = RunRecord(deps.run_id, deps.clock(), config, datastore={**deps.datastore.describe(), "cluster_guid": None})
     record.lock = {"mode": config.lock, "acquired": False, "holder": None}
     structlog.contextvars.bind_contextvars(run_id=deps.run_id)
-    log.info("run_started", mode="apply" if config.apply else "dry-run", datastore=config.datastore_type)
+    log.info(
+        "run_started",
+        mode="apply" if config.apply else "dry-run",
+        datastore=config.datastore_type,
+        version=__version__,
+        config=effective(config),
+    )
     try:
         code = _run_locked(config, deps, record)
     except (KubeError, DatastoreError) as error:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from job.cli import main
-from job.config import OPTIONS, ConfigError, load, parse_duration
+from job.config import OPTIONS, Config, ConfigError, load, parse_duration
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
 
@@ -210,3 +211,23 @@ def test_readme_documents_every_flag_and_variable() -> None:
     for option in OPTIONS:
         assert f"`{option.flag}" in readme and f"`{option.env}`" in readme, option.flag
     assert readme.index("make demo") < readme.index("## Why") and readme.index("make test") < readme.index("## Why")
+
+
+def test_dry_run_wins_over_apply_from_the_environment() -> None:
+    assert load([], {"CALICO_GC_APPLY": "true"}).apply
+    assert not load(["--dry-run"], {"CALICO_GC_APPLY": "true"}).apply
+    assert not load(["--apply"], {"CALICO_GC_DRY_RUN": "true"}).apply
+
+
+def test_the_effective_configuration_is_logged_once_at_start(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    env = environment(harness, tmp_path, CALICO_GC_LOCK="none", CALICO_GC_STATE_FILE=str(tmp_path / "state.json"))
+    assert main(["--grace-period", "45m"], env) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    (started,) = [line for line in lines if line["event"] == "run_started"]
+    config = started["config"]
+    assert set(config) == {f.name for f in fields(Config)}
+    assert config["grace_period"] == "45m" and config["etcd_endpoints"] == [harness.etcd.url]
+    assert "test-token" not in json.dumps(started), "no credential is logged"
