@@ -15,7 +15,7 @@ from job.config import OPTIONS, Config, load
 from job.runner import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x", "kdd"]
+OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x", "kdd", "no-host-network"]
 
 
 def kubectl() -> str:
@@ -154,3 +154,25 @@ def test_every_object_lands_where_its_references_expect(overlay: str) -> None:
     for source in container.get("envFrom") or []:
         if "configMapRef" in source and not source["configMapRef"].get("optional"):
             assert source["configMapRef"]["name"] in config_maps
+
+
+def baseline_violations(pod: dict[str, Any]) -> list[str]:
+    """What the Pod Security Baseline level forbids, of what a pod spec can carry."""
+    found = [field for field in ("hostNetwork", "hostPID", "hostIPC") if pod.get(field)]
+    found += [f"hostPath {v['name']}" for v in pod.get("volumes") or [] if "hostPath" in v]
+    for container in pod["containers"]:
+        security = container.get("securityContext") or {}
+        if security.get("privileged"):
+            found.append("privileged")
+        found += [f"capability {c}" for c in (security.get("capabilities") or {}).get("add") or []]
+    return found
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_host_networking_is_the_only_privilege_and_never_depends_on_coredns(overlay: str) -> None:
+    _, pod = pod_spec(render(overlay))
+    if overlay == "no-host-network":
+        assert baseline_violations(pod) == [] and pod["dnsPolicy"] == "ClusterFirst"
+    else:
+        # Host networking needs the Privileged level (kube-system usually is); DNS from the node.
+        assert baseline_violations(pod) == ["hostNetwork"] and pod["dnsPolicy"] == "Default"
