@@ -13,7 +13,7 @@ help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
 	@echo "make test   install what the tests need, start it, run every test"
 	@echo "make test-fast  every test but the slow suites (marker: slow), while you iterate"
-	@echo "make lint   ruff and mypy"
+	@echo "make lint   ruff, mypy, and checkov on the manifests and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
 
@@ -26,15 +26,31 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
+# checkov has its own venv: its ~70 dependencies must not move the job's pins.
+CHECKOV_VERSION := 3.3.30
+CHECKOV := $(VENV)/checkov/bin/checkov
+$(VENV)/checkov/.installed-$(CHECKOV_VERSION): $(STAMP)
+	$(PYTHON) -m venv $(VENV)/checkov
+	$(VENV)/checkov/bin/pip install --quiet --disable-pip-version-check checkov==$(CHECKOV_VERSION)
+	@touch $@
+
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
-lint: $(STAMP)
+OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply
+
+lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION)
 	$(BIN)/ruff check job tests bench demo
 	$(BIN)/mypy
+	@rm -rf $(VENV)/rendered && mkdir -p $(VENV)/rendered
+	@for overlay in $(OVERLAYS); do \
+	  $(BIN)/kubectl kustomize manifests/$$overlay > $(VENV)/rendered/$$(echo $$overlay | tr / -).yaml || exit 1; \
+	done
+	$(CHECKOV) --config-file .checkov.yaml -d $(VENV)/rendered --framework kubernetes
+	$(CHECKOV) --config-file .checkov.yaml -f Dockerfile --framework dockerfile
 
 demo: $(STAMP)
 	$(BIN)/python -m demo
