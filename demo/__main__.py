@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from job.report import render_text
 from tests.support import calico
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
@@ -71,23 +72,9 @@ def broken_node_findings(kubeapi: KubeApiServer) -> None:
     )
 
 
-def show(title: str, report: dict[str, Any], code: int, keys_before: int, keys_after: int) -> None:
-    print(f"\n== {title}")
-    print(
-        f"   exit {code}, outcome {report['outcome']}, mode {report['mode']}, etcd keys {keys_before} -> {keys_after}"
-    )
-    summary = {k: v for k, v in report["summary"].items() if v not in (0, False, None)}
-    print(f"   summary: {json.dumps(summary)}")
-    for conflict in report["conflicts"]:
-        print(f"   conflict: {conflict['ip']} held by {conflict['orphan']}, needed by {conflict['blocks']}")
-    for host in report["hosts"]:
-        keys = f", {len(host['changes'])} keys" if host["changes"] else ""
-        flag = " [IP conflict]" if host["conflict"] else ""
-        print(f"   {host['name']:<36} {host['action']:<14} {host['reason']}{keys}{flag}")
-    health = report["health"]
-    print(f"   health: {health['status']} {json.dumps({k: v for k, v in health['summary'].items() if v})}")
-    for advice in health["recommendations"]:
-        print(f"     - {advice}")
+def show(title: str, report: dict[str, Any], keys_before: int, keys_after: int) -> None:
+    print(f"\n== {title} (etcd keys {keys_before} -> {keys_after})")
+    print(render_text(report), end="")
 
 
 def main() -> int:
@@ -121,13 +108,16 @@ def main() -> int:
                 capture_output=True,
                 text=True,
             )
-            show(title, json.loads(report_file.read_text()), result.returncode, before, len(calico.dump(etcd.url)))
+            report = json.loads(report_file.read_text())
+            assert report["exit_code"] == result.returncode
+            show(title, report, before, len(calico.dump(etcd.url)))
             if result.returncode != 0:
                 print(result.stderr[-2000:], file=sys.stderr)
                 return result.returncode
         state = kubeapi.get("/api/v1/namespaces/kube-system/configmaps", "calico-gc-state")
         print(f"\ngrace state ConfigMap kube-system/calico-gc-state: {state['data']['state.json'] if state else None}")
-        print("Each run also printed its full JSON report on stdout and JSON logs on stderr (docs/report.md).")
+        print("Each run printed this summary on stdout (--output json gives the JSON report) and wrote the")
+        print("full JSON report to --report-file (docs/report.md).")
         return 0
     finally:
         kubeapi.stop()

@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ConfigError as error:
         print(f"calico-gc: error: {error} (see --help)", file=sys.stderr)
         return ExitCode.USAGE
-    logs.configure(config.log_level)
+    logs.configure(config.log_level, config.log_format)
     try:
         deps = dependencies(config, environ)
     except KubeError as error:
@@ -108,11 +108,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     finally:
         deps.datastore.close()
     try:
-        report.write(document, config.report_file)
+        if config.report_file is not None:
+            report.write_file(document, config.report_file)
     except OSError as error:
         print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)
         code = max(code, ExitCode.ERROR)
-    print(report.summary_line(document), file=sys.stderr)
+    if config.output == "json":
+        report.write(document, sys.stdout)
+    else:
+        sys.stdout.write(report.render_text(document))
     return code
 
 

@@ -244,10 +244,25 @@ OPTIONS: tuple[Option, ...] = (
         "--retry-timeout", "CALICO_GC_RETRY_TIMEOUT", "60s", "Longest time spent retrying one call.", metavar="DURATION"
     ),
     Option(
+        "--output",
+        "CALICO_GC_OUTPUT",
+        "text",
+        "What goes to stdout: a summary for people (hosts and actions, guards, errors, health with its next "
+        "step), or the JSON report. --report-file always gets JSON.",
+        choices=("text", "json"),
+    ),
+    Option(
+        "--log-format",
+        "CALICO_GC_LOG_FORMAT",
+        "text",
+        "Logs on stderr: one readable line per event, or JSON lines for a log pipeline.",
+        choices=("text", "json"),
+    ),
+    Option(
         "--log-level",
         "CALICO_GC_LOG_LEVEL",
         "info",
-        "Log level of the JSON logs on stderr.",
+        "Log level of the logs on stderr.",
         choices=("debug", "info", "warning", "error"),
     ),
     Option(
@@ -337,6 +352,8 @@ class Config:
     retry_attempts: int = 6
     retry_timeout: timedelta = timedelta(seconds=60)
     log_level: str = "info"
+    output: str = "text"
+    log_format: str = "text"
     network_unavailable_threshold: timedelta = timedelta(minutes=5)
     restart_threshold: int = 5
     calico_node_namespaces: tuple[str, ...] = ("kube-system", "calico-system")
@@ -535,6 +552,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         retry_attempts=_int("--retry-attempts", text("retry_attempts"), 1),
         retry_timeout=duration("retry_timeout"),
         log_level=text("log_level"),
+        output=text("output"),
+        log_format=text("log_format"),
         network_unavailable_threshold=duration("network_unavailable_threshold"),
         restart_threshold=_int("--restart-threshold", text("restart_threshold"), 1),
         calico_node_namespaces=tuple(n.strip() for n in text("calico_node_namespaces").split(",") if n.strip()),

@@ -1,4 +1,5 @@
-"""structlog JSON lines on stderr, with the client libraries' stdlib logs folded in."""
+"""structlog lines on stderr (readable, or JSON for a log pipeline), with the client libraries'
+stdlib logs folded in."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def configure(level: str = "info") -> None:
+def configure(level: str = "info", form: str = "json") -> None:
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -40,7 +41,7 @@ def configure(level: str = "info") -> None:
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             # Tracebacks without frame locals: locals can hold tokens and certificate paths.
             structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer() if form == "json" else structlog.dev.ConsoleRenderer(colors=False),
         ],
     )
     handler = _CurrentStderr()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -129,26 +127,54 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
     }
 
 
-def write(report: dict[str, Any], path: Path | None, stdout: TextIO | None = None) -> None:
-    """To stdout, and atomically to `path` when given.
-
-    Streamed, never held as one string: a report of hundreds of deleted hosts carries every
-    value they had and runs to tens of megabytes.
-    """
-    out = stdout or sys.stdout
-    if path is None:
-        json.dump(report, out, indent=2)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(handle, "w") as file:
-            json.dump(report, file, indent=2)
-            file.write("\n")
-        os.replace(temporary, path)
-        with path.open() as file:
-            shutil.copyfileobj(file, out)
-    out.write("\n" if path is None else "")
+def write(report: dict[str, Any], out: TextIO) -> None:
+    """The JSON report to a stream. Streamed, never held as one string: a report of hundreds of
+    deleted hosts carries every value they had and runs to tens of megabytes."""
+    json.dump(report, out, indent=2)
+    out.write("\n")
     out.flush()
+
+
+def write_file(report: dict[str, Any], path: Path) -> None:
+    """Atomically: a reader sees the previous report or this one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w") as file:
+        write(report, file)
+    os.replace(temporary, path)
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report for a person: what was (or would be) done to each host, what held the run
+    back, what failed, and the network findings with their next step. `--output json` and
+    `--report-file` carry everything else."""
+    lines = [summary_line(report)]
+    datastore = report["datastore"]
+    lines.append(
+        f"calico-gc {report['tool']['version']}, run {report['run_id']}, {datastore['type']} at "
+        f"{', '.join(datastore.get('endpoints') or []) or '?'}"
+    )
+    conflicts = {c["orphan"]: c for c in report["conflicts"] if c["orphan"]}
+    if report["hosts"]:
+        width = max(len(h["name"]) for h in report["hosts"])
+        lines += ["", f"{'HOST':<{width}}  {'ACTION':<13}  {'REASON':<22}  KEYS  NOTE"]
+        for host in report["hosts"]:
+            conflict = conflicts.get(host["name"])
+            note = f"holds {conflict['ip']}, needed by {conflict['blocks']}" if conflict else host.get("error") or ""
+            keys = str(len(host["changes"])) if host["changes"] else "-"
+            row = f"{host['name']:<{width}}  {host['action']:<13}  {host['reason']:<22}  {keys:>4}  {note}"
+            lines.append(row.rstrip())
+    for guard in report["guards"]:
+        lines.append(f"held back by {guard['name']}: {guard['message']}")
+    for error in report["errors"]:
+        lines.append(f"error ({error['kind']}): {error['message']}")
+    health = report.get("health")
+    if health:
+        lines += ["", f"network health: {health['status']}"]
+        lines += [f"  - {advice}" for advice in health["recommendations"]]
+    if report["mode"] == "dry-run" and report["summary"]["would_delete"]:
+        lines += ["", "dry run: nothing was written; --apply (CALICO_GC_APPLY=true) deletes what is listed above"]
+    return "\n".join(lines) + "\n"
 
 
 def summary_line(report: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from job.cli import main
 from job.model import Step
+from job.report import render_text
 from job.runner import run
 from tests.conftest import Harness, hosts_by_name, validate_report
 from tests.support import calico
@@ -58,6 +59,8 @@ def run_main(
         "CALICO_GC_RETRY_ATTEMPTS": "2",
         "CALICO_GC_LOCK": "none",
         "CALICO_GC_STATE_FILE": str(harness.tmp / "state.json"),
+        "CALICO_GC_OUTPUT": "json",
+        "CALICO_GC_LOG_FORMAT": "json",
         **env,
     }
     code = main(list(argv), environ)
@@ -65,8 +68,11 @@ def run_main(
     assert "Traceback" not in out.err, out.err
     report = json.loads(out.out)
     validate_report(report)
-    summary = out.err.strip().splitlines()[-1]
-    assert summary.startswith(("dry-run", "apply")) and report["errors"][0]["message"] in summary
+    finished = json.loads(out.err.strip().splitlines()[-1])
+    assert finished["event"] == "run_finished" and finished["exit_code"] == code
+    # What a person reads says what failed, in the same words.
+    text = render_text(report)
+    assert text.splitlines()[0].startswith(("dry-run", "apply")) and report["errors"][0]["message"] in text
     return code, report
 
 

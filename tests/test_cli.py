@@ -16,10 +16,13 @@ from tests.support import scenario as s
 
 
 def environment(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Machine output, as a log pipeline takes it: the JSON report on stdout, JSON log lines."""
     return {
         "ETCD_ENDPOINTS": harness.etcd.url,
         "KUBECONFIG": str(harness.kubeapi.write_kubeconfig(tmp_path / "kubeconfig")),
         "POD_NAMESPACE": "calico-gc",
+        "CALICO_GC_OUTPUT": "json",
+        "CALICO_GC_LOG_FORMAT": "json",
         **extra,
     }
 
@@ -41,9 +44,35 @@ def test_dry_run_by_default_report_on_stdout_and_in_a_file(
     assert report == json.loads(report_file.read_text())
     assert report["mode"] == "dry-run" and report["summary"]["would_delete"] == 2
     assert harness.dump() == before
-    assert "dry-run ok (exit 0)" in out.err
-    log_lines = [json.loads(line) for line in out.err.splitlines() if line.startswith("{")]
+    # Every line on stderr is a JSON log event, so `kubectl logs ... | jq` reads the whole stream.
+    log_lines = [json.loads(line) for line in out.err.splitlines()]
     assert {"run_started", "decision", "run_finished"} <= {line["event"] for line in log_lines}
+
+
+def test_people_get_a_readable_summary_by_default(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.seed(s.kops_cluster())
+    env = {k: v for k, v in environment(harness, tmp_path).items() if not k.startswith("CALICO_GC_")}
+    report_file = tmp_path / "report.json"
+    code = main(
+        ["--state-file", str(tmp_path / "state.json"), "--lock", "none", "--report-file", str(report_file)], env
+    )
+    out = capsys.readouterr()
+    assert code == 0
+    text = out.out.splitlines()
+    assert text[0].startswith("dry-run ok (exit 0): calico_hosts=6")
+    rows = {line.split()[0]: line.split()[1:3] for line in text if line.startswith(("ip-", "legacy-"))}
+    assert rows == {
+        s.CONFLICT_ORPHAN: ["would_delete", "k8s_node_missing"],  # the conflict grace is 0s
+        s.POD_ORPHAN: ["waiting_grace", "grace_period"],
+        s.UNREFERENCED: ["skipped", "no_k8s_orchref"],
+    }
+    conflict_row = next(line for line in text if line.startswith(s.CONFLICT_ORPHAN))
+    assert "holds 10.0.1.13, needed by ip-10-0-1-13.ec2.internal" in conflict_row
+    assert "network health:" in out.out
+    assert not out.err.lstrip().startswith("{"), "readable log lines"
+    assert json.loads(report_file.read_text())["summary"]["calico_hosts"] == 6, "the file is always JSON"
 
 
 def test_environment_configures_the_run_and_flags_win(

@@ -152,6 +152,7 @@ def test_unset_datastore_type_with_only_v2_data_is_a_clear_error(
         "KUBECONFIG": str(harness.kubeapi.write_kubeconfig(tmp_path / "k")),
         "CALICO_GC_LOCK": "none",
         "CALICO_GC_STATE_FILE": str(tmp_path / "s.json"),
+        "CALICO_GC_OUTPUT": "json",
     }
     assert main([], env) == 2
     report = json.loads(capsys.readouterr().out)

@@ -348,6 +348,7 @@ def cli_env(harness: Harness, tmp_path: Path) -> dict[str, str]:
         "CALICO_GC_LOCK": "none",
         "CALICO_GC_STATE_FILE": str(tmp_path / "state.json"),
         "CALICO_GC_GRACE_PERIOD": "0s",
+        "CALICO_GC_OUTPUT": "json",
     }
 
 

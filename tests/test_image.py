@@ -47,6 +47,7 @@ def env_for(harness: Harness, **extra: str) -> dict[str, str]:
         "CALICO_GC_STATE_FILE": "/tmp/state.json",
         "DATASTORE_TYPE": "etcdv3",
         "CALICO_GC_GRACE_PERIOD": "0s",
+        "CALICO_GC_OUTPUT": "json",
         **extra,
     }
 
@@ -92,9 +93,7 @@ def test_dry_run_then_apply_as_the_cronjob_runs_it(built: str, harness: Harness)
     assert dry.code == 0 and report["mode"] == "dry-run" and report["summary"]["would_delete"] == 2
     assert report["lock"]["acquired"], "the Lease is taken as in a cluster"
     assert harness.dump() == before
-    applied = image.run_as_cronjob(
-        [], env_for(harness, CALICO_GC_APPLY="true"), mounts(harness)
-    )
+    applied = image.run_as_cronjob([], env_for(harness, CALICO_GC_APPLY="true"), mounts(harness))
     report = report_of(applied)
     assert applied.code == 0 and report["summary"]["deleted"] == 2
     assert not [k for k in harness.dump() if s.POD_ORPHAN in k]
