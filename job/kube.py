@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +22,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from job.config import Config
 from job.model import KubeNode, NetworkUnavailable
-from job.retry import RetryPolicy
+from job.retry import RetryPolicy, network_reason, one_line
 
 log = structlog.get_logger("calico_gc.kube")
 T = TypeVar("T")
@@ -108,18 +107,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
-
-
-def _one_line(text: str, limit: int) -> str:
-    return " ".join(text.split())[:limit]
-
-
-def _network_reason(error: object) -> str:
-    found = _ERRNO.search(str(error))
-    return found.group(1).strip() if found else _one_line(str(error), 160) or type(error).__name__
-
-
 class Kube:
     """The job's Kubernetes calls, each retried on 429/5xx and connection errors.
 
@@ -147,7 +134,7 @@ class Kube:
         if not isinstance(data, dict):
             raise KubeError(
                 f"{method} {path}: {self.host} answered something that is not a Kubernetes JSON object "
-                f"({_one_line(text, 60)!r}); is it the API server, or a proxy in between?",
+                f"({one_line(text, 60)!r}); is it the API server, or a proxy in between?",
                 kind="bad_answer",
             )
         return data
@@ -168,13 +155,13 @@ class Kube:
         if _is_tls(error):
             reason = getattr(error, "reason", error)
             return KubeError(
-                f"TLS to the Kubernetes API at {self.host} failed: {_one_line(str(reason), 160)}; check the CA and "
+                f"TLS to the Kubernetes API at {self.host} failed: {one_line(str(reason), 160)}; check the CA and "
                 "client certificate of --kubeconfig (or the service account's ca.crt)",
                 kind="tls",
             )
         reason = getattr(error, "reason", None) or error
         return KubeError(
-            f"cannot reach the Kubernetes API at {self.host}: {_network_reason(reason)}; check --kubeconfig or "
+            f"cannot reach the Kubernetes API at {self.host}: {network_reason(reason)}; check --kubeconfig or "
             "KUBECONFIG (in a pod: the kubernetes service)"
         )
 

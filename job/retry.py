@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,23 @@ def _log_retry(state: RetryCallState) -> None:
         wait_s=round(state.upcoming_sleep, 3),
         error=describe_error(error),
     )
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """Whitespace folded, cut at `limit`: error text from a server may span lines or pages."""
+    return " ".join(text.split())[:limit]
+
+
+def network_reason(error: object) -> str:
+    """`Connection refused`, `timed out`, `Name or service not known`: the part a person needs
+    of a client library's connection error, which wraps it in pool and retry detail."""
+    if isinstance(error, TimeoutError) or "timed out" in str(error).lower():
+        return "timed out"
+    found = _ERRNO.search(str(error))
+    return found.group(1).strip() if found else one_line(str(error), 160) or type(error).__name__
 
 
 def describe_error(error: BaseException | None) -> str:

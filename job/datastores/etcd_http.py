@@ -14,7 +14,7 @@ import requests
 
 from job.config import Config
 from job.datastores.base import DatastoreError
-from job.retry import RetryPolicy
+from job.retry import RetryPolicy, network_reason, one_line
 
 ENDPOINTS_HINT = "check ETCD_ENDPOINTS (--etcd-endpoints)"
 TLS_HINT = "check ETCD_CA_CERT_FILE, ETCD_CERT_FILE and ETCD_KEY_FILE"
@@ -32,28 +32,13 @@ class _Final(Exception):
         self.kind = kind
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    return " ".join(text.split())[:limit]
-
-
 def _tls_reason(error: requests.exceptions.SSLError) -> str:
     text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(error))
     for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate required", "unknown ca", "bad certificate", "hostname"):
         if marker.lower() in text.lower():
             start = text.lower().index(marker.lower())
-            return _one_line(text[start:], 120).rstrip(")'\"")
-    return _one_line(text, 120)
-
-
-_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
-
-
-def network_reason(error: BaseException) -> str:
-    """`Connection refused`, `timed out`, `Name or service not known`: the part a person needs."""
-    if isinstance(error, requests.Timeout):
-        return "timed out"
-    found = _ERRNO.search(str(error))
-    return found.group(1).strip() if found else type(error).__name__
+            return one_line(text[start:], 120).rstrip(")'\"")
+    return one_line(text, 120)
 
 
 class EtcdHttp:
@@ -116,7 +101,8 @@ class EtcdHttp:
                 raise _Final(f"TLS to etcd at {url} failed: {_tls_reason(error)}; {TLS_HINT}", "tls") from error
             except requests.RequestException as error:
                 self._current = (self._current + 1) % len(self._endpoints)  # try the next endpoint
-                raise _Transient(f"etcd at {url} did not answer: {network_reason(error)}") from error
+                reason = "timed out" if isinstance(error, requests.Timeout) else network_reason(error)
+                raise _Transient(f"etcd at {url} did not answer: {reason}") from error
             try:
                 parsed = response.json()
             except ValueError:
@@ -128,7 +114,7 @@ class EtcdHttp:
                 ) from None
             if response.status_code in expect:
                 return response.status_code, parsed
-            message = _one_line(
+            message = one_line(
                 str(parsed.get("message") or parsed.get("error") or parsed) if isinstance(parsed, dict) else str(parsed)
             )
             if response.status_code >= 500 or "leader" in message.lower():

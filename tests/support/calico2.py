@@ -152,13 +152,19 @@ NEW_NODE = "ip-10-0-2-13.ec2.internal"
 BACKLOG = ("ip-10-0-2-30", "ip-10-0-2-31")  # registered before CALICO_K8S_NODE_REF: no refs
 
 
-def kops_18_cluster() -> tuple[Calico2Seed, list[tuple[str, str]]]:
+def _with_live_hosts() -> Calico2Seed:
+    """The globals and the live hosts, each with its block, IPIP address and a pod."""
     seed = Calico2Seed()
     seed.globals()
     for index, name in enumerate(LIVE):
         seed.block(f"100.96.{index}.0/26", name)
         seed.host(name, f"10.0.2.{10 + index}", tunnel_ip=f"100.96.{index}.1", felix_alive=True)
         seed.pod(name, "default", f"web-{index}", f"100.96.{index}.5")
+    return seed
+
+
+def kops_18_cluster() -> tuple[Calico2Seed, list[tuple[str, str]]]:
+    seed = _with_live_hosts()
     seed.block("100.96.20.0/26", ORPHAN)
     seed.host(ORPHAN, "10.0.2.20", tunnel_ip="100.96.20.1")
     seed.pod(ORPHAN, "shop", "cart-1", "100.96.20.5")
@@ -178,12 +184,7 @@ def cross_borrowing_fleet(orphans: int) -> tuple[Calico2Seed, list[tuple[str, st
     """Calico 2.6 hosts whose IPAM is entangled: each orphan has its own block, an IPIP address
     without a handle, a pod, and a pod whose IP it borrowed from the next orphan's block; a
     live pod holds an IP in the last orphan's block."""
-    seed = Calico2Seed()
-    seed.globals()
-    for index, name in enumerate(LIVE):
-        seed.block(f"100.96.{index}.0/26", name)
-        seed.host(name, f"10.0.2.{10 + index}", tunnel_ip=f"100.96.{index}.1", felix_alive=True)
-        seed.pod(name, "default", f"web-{index}", f"100.96.{index}.5")
+    seed = _with_live_hosts()
     names = [f"gone-{i}" for i in range(orphans)]
     for i, name in enumerate(names):
         seed.block(f"100.96.{20 + i}.0/26", name)
