@@ -20,6 +20,7 @@ from job.datastores.base import Datastore
 from job.datastores.etcdv2 import EtcdV2Datastore
 from job.datastores.etcdv3 import EtcdV3Datastore
 from job.datastores.kdd import KddDatastore
+from job.events import publish
 from job.health_reads import read_health
 from job.kube import Kube, KubeError, api_client
 from job.lease import LeaseLock
@@ -51,7 +52,16 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
         if config.lock == "lease"
         else None
     )
-    return Dependencies(kube, datastore(config, retry, kube), state, lock, _now, run_id, partial(read_health, kube))
+    return Dependencies(
+        kube,
+        datastore(config, retry, kube),
+        state,
+        lock,
+        _now,
+        run_id,
+        partial(read_health, kube),
+        partial(publish, kube, config.namespace, environ.get("POD_NAME")),
+    )
 
 
 def datastore(config: Config, retry: RetryPolicy, kube: Kube) -> Datastore:

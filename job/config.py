@@ -315,6 +315,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="URL",
     ),
     Option(
+        "--events",
+        "CALICO_GC_EVENTS",
+        "on",
+        "Post Kubernetes Events: a Warning on each Node stuck NetworkUnavailable (cause and next step), and "
+        "one per host deleted, failed or refused.",
+        choices=("on", "off"),
+    ),
+    Option(
         "--cluster-name",
         "CALICO_GC_CLUSTER_NAME",
         None,
@@ -362,6 +370,7 @@ class Config:
     fail_on: str = "never"
     pushgateway: str | None = None
     cluster_name: str | None = None
+    events: bool = True
 
     def is_excluded(self, host: str) -> bool:
         return any(re.fullmatch(pattern, host) for pattern in self.exclude)
@@ -562,4 +571,5 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         fail_on=text("fail_on"),
         pushgateway=_pushgateway(optional("pushgateway")),
         cluster_name=optional("cluster_name"),
+        events=text("events") == "on",
     )

@@ -74,6 +74,7 @@ class Dependencies:
     clock: Callable[[], datetime]
     run_id: str
     health: Callable[[Config], HealthInputs]  # the read side of the network-health diagnosis
+    events: Callable[[dict[str, Any]], str | None] | None = None  # posts a finished run's Events
     stopping: threading.Event = field(default_factory=threading.Event)  # set by SIGTERM/SIGINT
 
 
@@ -109,6 +110,12 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         record.outcome, code = "unhealthy", ExitCode.UNHEALTHY
     finished = deps.clock()
     report = build(record, finished, int(code))
+    if config.events and deps.events is not None:
+        failure = deps.events(report)
+        if failure:
+            log.warning("events_not_posted", error=failure)
+            report["errors"].append({"kind": "events", "message": failure})
+            report["summary"]["errors"] += 1
     if config.pushgateway:
         cluster = config.cluster_name or record.datastore.get("cluster_guid") or "unknown"
         duration = (finished - record.started_at).total_seconds()

@@ -18,6 +18,7 @@ import pytest
 from job import logs
 from job.cli import datastore
 from job.config import Config, EtcdEndpoint
+from job.events import publish
 from job.health_reads import read_health
 from job.kube import Kube, api_client
 from job.lease import LeaseLock
@@ -113,6 +114,7 @@ class Harness:
             lambda: self.now,
             "test-run",
             partial(read_health, kube),
+            partial(publish, kube, config.namespace, "calico-gc-test-pod"),
         )
 
     def run(self, config: Config | None = None, **kwargs: Any) -> tuple[dict[str, Any], int]:

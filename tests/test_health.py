@@ -427,3 +427,53 @@ def test_a_conflict_found_both_ways_is_listed_once_and_recovery_is_recognised(ha
     (finding,) = after["health"]["calico_node"]
     assert (finding["cause"], finding["holder_in_datastore"]) == ("ip_conflict", False)
     assert "next restart" in after["health"]["recommendations"][0]
+
+
+# Kubernetes Events
+
+
+def events(harness: Harness, namespace: str) -> list[dict[str, Any]]:
+    return list(harness.kubeapi.objects.get(f"/api/v1/namespaces/{namespace}/events", {}).values())
+
+
+def test_events_say_what_was_done_where_kubectl_describe_looks(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    network_unavailable(harness.kubeapi, s.NEW_NODE, "2026-11-30T11:00:00Z")
+    crash_looping(harness.kubeapi, s.NEW_NODE, V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13"))
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2 and report["errors"] == []
+    on_nodes = {(e["involvedObject"]["name"], e["reason"], e["type"]): e for e in events(harness, "default")}
+    stuck = on_nodes[(s.NEW_NODE, "CalicoNetworkUnavailable", "Warning")]
+    assert "NetworkUnavailable for 60m" in stuck["message"] and "ip_conflict_orphan" in stuck["message"]
+    assert "next: " in stuck["message"] and stuck["metadata"]["name"].startswith("calico-gc-")
+    removed = on_nodes[(s.NEW_NODE, "CalicoOrphanRemoved", "Normal")]
+    assert s.CONFLICT_ORPHAN in removed["message"] and "10.0.1.13" in removed["message"]
+    on_pod = [e for e in events(harness, "calico-gc") if e["involvedObject"] == {
+        "apiVersion": "v1", "kind": "Pod", "name": "calico-gc-test-pod", "namespace": "calico-gc"}]  # fmt: skip
+    assert sorted(e["reason"] for e in on_pod) == ["CalicoHostDeleted", "CalicoHostDeleted"]
+    assert any(s.POD_ORPHAN in e["message"] and "16 keys" in e["message"] for e in on_pod)
+
+
+def test_a_refused_run_says_why_on_its_pod_and_events_can_be_switched_off(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    scenario.k8s_nodes = []
+    harness.seed(scenario)
+    _, code = harness.run(harness.config(apply=True))
+    assert code == 3
+    (refused,) = events(harness, "calico-gc")
+    assert refused["reason"] == "CalicoGcRefused" and "empty_k8s_node_list" in refused["message"]
+    harness.kubeapi.objects.clear()
+    harness.seed(scenario)
+    harness.run(harness.config(apply=True, events=False))
+    assert events(harness, "calico-gc") == []
+
+
+def test_events_that_cannot_be_posted_only_warn(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    harness.kubeapi.fail("POST", "/events$", 403, times=10)
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2
+    assert [e["kind"] for e in report["errors"]] == ["events"] and "forbidden" in report["errors"][0]["message"]

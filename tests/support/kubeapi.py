@@ -283,9 +283,12 @@ class KubeApiServer:
                 }
             return self._list(items, kind, query)
         if method == "POST" and name is None:
-            new_name = (payload.get("metadata") or {}).get("name")
+            metadata = payload.setdefault("metadata", {})
+            if not metadata.get("name") and metadata.get("generateName"):
+                metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]  # as the real server
+            new_name = metadata.get("name")
             if not new_name:
-                return 400, status_body(400, "metadata.name is required")
+                return 400, status_body(400, "metadata.name or generateName is required")
             if new_name in items:
                 return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
             return 201, self.put(collection, payload)

@@ -1,0 +1,100 @@
+"""Kubernetes Events, where `kubectl describe` users look: a Warning on each Node stuck
+NetworkUnavailable with its diagnosed cause and next step; on the blocked Node when the orphan
+holding its IP is removed; and on this run's Pod for each host deleted, failed or refused.
+
+`events_for` is pure (built from the finished report); `post_events` writes them through
+`Kube`, and a failure to post only warns: Events are help, never the run's outcome.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from job.kube import Kube, KubeError
+
+COMPONENT = "calico-gc"
+MAX_MESSAGE = 1024  # the API server truncates longer Event messages anyway
+
+
+def events_for(report: dict[str, Any], namespace: str, pod: str | None, now: datetime) -> list[dict[str, Any]]:
+    """The Events a finished run leaves. Node Events go to `default`, as for every Node; host
+    Events go to this run's Pod, when the run has one (POD_NAME)."""
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    found: list[dict[str, Any]] = []
+
+    def add(on: tuple[str, str], reason: str, message: str, warning: bool) -> None:
+        kind, name = on
+        where = "default" if kind == "Node" else namespace
+        found.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{COMPONENT}-", "namespace": where},
+                "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name}
+                | ({"namespace": where} if kind == "Pod" else {}),
+                "reason": reason,
+                "message": message[:MAX_MESSAGE],
+                "type": "Warning" if warning else "Normal",
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": pod or COMPONENT,
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "count": 1,
+            }
+        )
+
+    health = report.get("health") or {}
+    causes = {entry["node"]: entry.get("cause") for entry in health.get("calico_node") or [] if entry.get("node")}
+    advice = health.get("recommendations") or []
+    for stuck in health.get("network_unavailable") or []:
+        if stuck.get("state") == "stuck":
+            node = stuck["node"]
+            message = f"NetworkUnavailable for {stuck.get('duration_seconds', 0) // 60}m; calico-node cause: "
+            message += causes.get(node) or "not diagnosed"
+            steps = [text for text in advice if text.startswith(f"{node}:")]
+            if steps:
+                message += f"; next: {steps[0]}"
+            add(("Node", node), "CalicoNetworkUnavailable", message, True)
+    conflicts = {c["orphan"]: c for c in report.get("conflicts") or [] if c.get("orphan")}
+    run = f"run {report['run_id']} ({report['mode']})"
+    for host in report.get("hosts") or []:
+        name = host["name"]
+        if host["action"] == "deleted":
+            conflict = conflicts.get(name)
+            if conflict:
+                message = f"removed orphaned Calico host {name}, which held this node's IP {conflict['ip']}; {run}"
+                add(("Node", conflict["blocks"]), "CalicoOrphanRemoved", message, False)
+            if pod:
+                message = f"deleted Calico host {name} ({host['reason']}): {len(host['changes'])} keys; {run}"
+                add(("Pod", pod), "CalicoHostDeleted", message, False)
+        elif host["action"] == "failed" and pod:
+            message = f"could not delete Calico host {name} ({host['reason']}): {host.get('error')}; {run}"
+            add(("Pod", pod), "CalicoHostDeleteFailed", message, True)
+    if pod:
+        for guard in report.get("guards") or []:
+            add(
+                ("Pod", pod),
+                "CalicoGcRefused",
+                f"refused by the {guard['name']} guard: {guard['message']}; {run}",
+                True,
+            )
+    return found
+
+
+def post_events(kube: Kube, events: list[dict[str, Any]]) -> str | None:
+    """Post every Event; the first failure, as one line, or None."""
+    failure = None
+    for event in events:
+        path = f"/api/v1/namespaces/{event['metadata']['namespace']}/events"
+        try:
+            kube.request("POST", path, body=event)
+        except KubeError as error:
+            failure = failure or f"Events not posted: {error}"
+    return failure
+
+
+def publish(kube: Kube, namespace: str, pod: str | None, report: dict[str, Any]) -> str | None:
+    """Build and post the Events of a finished run (wired by the CLI)."""
+    return post_events(kube, events_for(report, namespace, pod, kube.now()))
