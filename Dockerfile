@@ -1,12 +1,12 @@
 # calico-gc: a slim runtime image; build tools live only in the builder stage.
 FROM python:3.11-slim AS build
 WORKDIR /build
-COPY requirements.txt .
+COPY requirements.lock .
 # The system CA bundle, not pip's own: a build host that reaches PyPI through its own CA mounts
 # that bundle over this file for the build only (make image does); the final image never has it.
 RUN python -m venv /venv \
  && PIP_CERT=/etc/ssl/certs/ca-certificates.crt /venv/bin/pip install --no-cache-dir --disable-pip-version-check \
-      --no-compile -r requirements.txt \
+      --no-compile --require-hashes --no-deps -r requirements.lock \
  && /venv/bin/pip uninstall --yes --quiet pip setuptools \
  # The client's asyncio half (42 MB) is never imported: calico-gc uses kubernetes.client and
  # kubernetes.config only (tests/test_image.py checks the job still imports everything it uses).

@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast lint demo run bench image clean
+.PHONY: help install test test-fast lint demo run bench image lock clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint   ruff, mypy, and checkov on the manifests and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
+	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "calico-gc needs Python 3.11+")'
@@ -43,7 +44,7 @@ test-fast: $(STAMP)
 OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply
 
 lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION)
-	$(BIN)/ruff check job tests bench demo
+	$(BIN)/ruff check job tests bench demo tools
 	$(BIN)/mypy
 	@rm -rf $(VENV)/rendered && mkdir -p $(VENV)/rendered
 	@for overlay in $(OVERLAYS); do \
@@ -60,6 +61,10 @@ run: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.dry_run
+
+# requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
+lock: $(STAMP)
+	$(BIN)/python tools/lock.py
 
 # With a Docker daemon, docker; without one (as here and in CI), buildah, as tests/test_image.py builds it.
 image:

@@ -50,3 +50,20 @@ def test_the_manifests_deploy_the_image_of_this_version(overlay: str, image: str
 def test_make_image_builds_the_tag_the_manifests_deploy() -> None:
     dry = subprocess.run(["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert f"-t calico-gc:{__version__} ." in dry
+
+
+def test_the_image_lock_pins_the_whole_closure_of_requirements_txt() -> None:
+    """Every direct pin is in requirements.lock at the same version, every entry has a hash, and
+    the image installs only from the lock (test_image.py builds it, which checks the hashes)."""
+    lock: dict[str, str] = {}
+    entries = (ROOT / "requirements.lock").read_text().replace("\\\n", " ").splitlines()
+    for line in (e for e in entries if e and not e.startswith("#")):
+        pin, _, hashes = line.partition(" ")
+        name, _, version = pin.partition("==")
+        assert hashes.strip().startswith("--hash=sha256:") and version, line
+        lock[name.lower().replace("_", "-")] = version
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if "==" in line:
+            name, _, version = line.partition("==")
+            assert lock.get(name.lower().replace("_", "-")) == version.strip(), f"{name} differs in requirements.lock"
+    assert "--require-hashes --no-deps -r requirements.lock" in (ROOT / "Dockerfile").read_text()
