@@ -11,6 +11,7 @@ import pytest
 
 from job.cli import main
 from job.config import OPTIONS, Config, ConfigError, load, parse_duration
+from job.kube import KubeError, api_client
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
 
@@ -260,3 +261,16 @@ def test_the_effective_configuration_is_logged_once_at_start(
     assert set(config) == {f.name for f in fields(Config)}
     assert config["grace_period"] == "45m" and config["etcd_endpoints"] == [harness.etcd.url]
     assert "test-token" not in json.dumps(started), "no credential is logged"
+
+
+def test_outside_a_cluster_the_default_kubeconfig_is_used_as_kubectl_does(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (tmp_path / ".kube").mkdir()
+    harness.kubeapi.write_kubeconfig(tmp_path / ".kube" / "config")
+    assert api_client(Config()).configuration.host == harness.kubeapi.url
+    (tmp_path / ".kube" / "config").unlink()
+    with pytest.raises(KubeError, match="set --kubeconfig or KUBECONFIG"):
+        api_client(Config())
