@@ -68,16 +68,28 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
             return outcome(Action.SKIPPED, K8S_NODE_RECREATED)
     except KubeError as error:
         return outcome(Action.FAILED, "k8s_recheck_failed", str(error))
+
+    def record(step: Step, applied: int) -> None:
+        """What really was written, also of a step cut short, so that the report misses nothing."""
+        if applied:
+            done = step if applied == len(step.writes) else replace(step, writes=step.writes[:applied])
+            _log_step(host, done)
+            committed.append(done)
+
     current: HostDecision | None = decision
     for _ in range(MAX_REPLANS):
         assert current is not None
         try:
             for step in current.steps:
-                if not datastore.commit(step):
+                try:
+                    applied = datastore.commit(step)
+                except DatastoreError as error:
+                    record(step, error.applied)
+                    raise
+                record(step, applied)
+                if applied < len(step.writes):
                     log.warning("write_conflict", host=host, step=step.purpose)
                     break
-                _log_step(host, step)
-                committed.append(step)
             else:
                 return outcome(Action.DELETED, decision.reason)
             inventory = datastore.read()

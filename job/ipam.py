@@ -407,9 +407,9 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         if handle is None:
             continue  # a missing handle is what `calicoctl ipam check` reports; nothing to lower
         data = parse_handle(handle.item.value or "")
-        problem = handle_problem(data)
-        if data is None or problem is not None:
-            return IpamRelease(problem=f"IPAM handle {handle.item.key}: {problem or 'not valid JSON'}")
+        problem = "not valid JSON" if data is None else handle_problem(data)
+        if problem is not None:
+            return IpamRelease(problem=f"IPAM handle {handle.item.key}: {problem}")
         held = {key: _held_after(key, handle_id, edits, index) for key in data.get("block") or {}}
         lowered = lowered_handle(data, held)
         if lowered != data:

@@ -153,10 +153,10 @@ class FailsOnce:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def commit(self, step: Step) -> bool:
+    def commit(self, step: Step) -> int:
         if any(self._host in write.key for write in step.writes):
             raise KeyError("a bug")
-        return bool(self._inner.commit(step))
+        return int(self._inner.commit(step))
 
 
 def test_a_bug_while_deleting_one_host_fails_that_host_only(harness: Harness) -> None:

@@ -225,6 +225,15 @@ def test_a_409_during_a_block_update_rereads_and_decides_again(harness: Harness)
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
     assert snapshot(harness.kubeapi)["ipamblocks/100-96-1-0-26"]["spec"]["allocations"][40] is None
     assert harness.kubeapi.count("PUT", f"^{CRD}/ipamblocks/100-96-1-0-26$") == 2
+    # The handle of the borrowed IP went first, in the step the 409 cut short: the report still
+    # lists it (with its value before), since it was really written.
+    changes = [c["key"] for c in hosts_by_name(report)[GONE]["changes"]]
+    assert changes.count("ipamhandles/k8s-pod-network.cart-2") == 1
+    assert set(before_keys(report)) >= {"ipamhandles/k8s-pod-network.cart-2", "ipamblocks/100-96-1-0-26"}
+
+
+def before_keys(report: dict[str, Any]) -> list[str]:
+    return [c["key"] for c in hosts_by_name(report)[GONE]["changes"] if c.get("before")]
 
 
 def test_a_stale_precondition_is_a_conflict_not_a_blind_delete(harness: Harness) -> None:

@@ -12,9 +12,10 @@ class DatastoreError(Exception):
     """The datastore could not be read or written (after retries, for transient causes): the one
     error every adapter raises. `kind` is the report's error kind."""
 
-    def __init__(self, message: str, kind: str = "unavailable") -> None:
+    def __init__(self, message: str, kind: str = "unavailable", applied: int = 0) -> None:
         super().__init__(message)
         self.kind = kind
+        self.applied = applied  # writes of the step in hand that were applied before it failed
 
 
 class DatastoreMismatch(DatastoreError):
@@ -39,10 +40,10 @@ class Datastore(Protocol):
         """The values of exact keys at a past read's revision (for entries read without one)."""
         ...
 
-    def commit(self, step: Step) -> bool:
-        """Apply one step atomically if every key is still at its revision.
-
-        False means a compare failed (someone else wrote): nothing was applied.
+    def commit(self, step: Step) -> int:
+        """Apply one step if every key is still at its revision; how many of its writes were
+        applied, in order. All of them, or fewer when a compare failed (someone else wrote):
+        etcd v3 applies all or none, a datastore without transactions stops at the failure.
         """
         ...
 

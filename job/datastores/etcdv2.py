@@ -16,7 +16,7 @@ from job.config import Config
 from job.datastores.base import DatastoreError
 from job.datastores.etcd_http import EtcdHttp
 from job.datastores.etcdv3 import Collected, bare_ip, collect_key, k8s_node_name
-from job.model import CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint
+from job.model import CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint, Write
 from job.retry import RetryPolicy
 
 HOSTS = "/calico/v1/host/"
@@ -196,29 +196,35 @@ class EtcdV2Datastore:
                 values[key] = node.get("value", "")
         return values
 
-    def commit(self, step: Step) -> bool:
+    def commit(self, step: Step) -> int:
         """Each write conditional on its prevIndex, in order; stop at the first failed compare."""
-        for write in step.writes:
-            if write.key.endswith("/"):  # an empty directory: refused (403) if a key appeared in it
-                status, _ = self._http.request(
-                    "DELETE", f"/v2/keys{write.key}", params={"dir": "true"}, expect=(200, 403, 404)
-                )
-                if status != 200:
-                    return False
-                continue
-            status, _ = self._http.request(
-                "DELETE" if write.value is None else "PUT",
-                f"/v2/keys{write.key}",
-                params={"prevIndex": str(write.revision)},
-                data=None if write.value is None else {"value": write.value},
-                expect=(200, 201, COMPARE_FAILED, NOT_FOUND),
-            )
-            if status in (COMPARE_FAILED, NOT_FOUND):
-                return False
+        for applied, write in enumerate(step.writes):
+            try:
+                if not self._write(write):
+                    return applied
+            except DatastoreError as error:
+                error.applied = applied
+                raise
         # The Calico Node step (metadata, then orchestrator_refs): the host's empty directories go.
         for host in sorted({w.key[len(HOSTS) :].split("/", 1)[0] for w in step.writes if _is_identity(w.key)}):
             self._prune(host)
-        return True
+        return len(step.writes)
+
+    def _write(self, write: Write) -> bool:
+        """One compare-and-swap; False when the compare failed (or the key is gone)."""
+        if write.key.endswith("/"):  # an empty directory: refused (403) if a key appeared in it
+            status, _ = self._http.request(
+                "DELETE", f"/v2/keys{write.key}", params={"dir": "true"}, expect=(200, 403, 404)
+            )
+            return status == 200
+        status, _ = self._http.request(
+            "DELETE" if write.value is None else "PUT",
+            f"/v2/keys{write.key}",
+            params={"prevIndex": str(write.revision)},
+            data=None if write.value is None else {"value": write.value},
+            expect=(200, 201, COMPARE_FAILED, NOT_FOUND),
+        )
+        return status not in (COMPARE_FAILED, NOT_FOUND)
 
     def _prune(self, host: str) -> None:
         """Remove the gone host's now empty directories, deepest first; a directory something

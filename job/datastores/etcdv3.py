@@ -477,7 +477,7 @@ class EtcdV3Datastore:
                     values[_unb64(kv["key"])] = _unb64(kv.get("value", ""))
         return values
 
-    def commit(self, step: Step) -> bool:
+    def commit(self, step: Step) -> int:
         compare = [
             {"key": _b64(w.key), "result": "EQUAL", "target": "MOD", "mod_revision": w.revision} for w in step.writes
         ]
@@ -488,7 +488,7 @@ class EtcdV3Datastore:
             for w in step.writes
         ]
         response = self._post("/kv/txn", {"compare": compare, "success": success, "failure": []})
-        return bool(response.get("succeeded", False))
+        return len(step.writes) if response.get("succeeded", False) else 0
 
     def close(self) -> None:
         self._http.close()

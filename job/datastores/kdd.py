@@ -230,9 +230,9 @@ class KddDatastore:
         metadata = {**self._metadata.get(key, {}), "resourceVersion": str(revision)}
         return {"apiVersion": "crd.projectcalico.org/v1", "kind": KINDS[plural], "metadata": metadata, "spec": spec}
 
-    def commit(self, step: Step) -> bool:
-        """The step's writes in order, each guarded by resourceVersion; False at the first 409/404."""
-        for write in step.writes:
+    def commit(self, step: Step) -> int:
+        """The step's writes in order, each guarded by resourceVersion; stop at the first 409/404."""
+        for applied, write in enumerate(step.writes):
             plural, _, name = write.key.partition("/")
             path = f"{GROUP}/{plural}/{name}"
             try:
@@ -263,9 +263,9 @@ class KddDatastore:
                 )
             except KubeError as error:
                 if error.status in (404, 409):
-                    return False
-                raise DatastoreError(f"{write.key}: {error}") from error
-        return True
+                    return applied
+                raise DatastoreError(f"{write.key}: {error}", applied=applied) from error
+        return len(step.writes)
 
     def close(self) -> None:
         pass
