@@ -90,7 +90,9 @@ def _ready_in_slice(endpoint_slice: dict[str, Any]) -> int:
 def _skipped(error: KubeError) -> str:
     """Health is read-only help: a check that cannot be read is skipped, never a failed run."""
     log.warning("health_check_skipped", status=error.status, error=str(error))
-    return FORBIDDEN if error.status == 403 else f"skipped: HTTP {error.status}"
+    if error.status == 403:
+        return FORBIDDEN
+    return f"skipped: HTTP {error.status}" if error.status else f"skipped: {error.kind}"
 
 
 def _calico_node_pod(item: dict[str, Any]) -> CalicoNodePod:

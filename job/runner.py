@@ -102,7 +102,7 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         log.exception("unexpected_error")
         record.error("unexpected", f"{type(error).__name__}: {error}")
         record.outcome, code = "error", ExitCode.ERROR
-    if deps.stopping.is_set() and code in (ExitCode.OK, ExitCode.PARTIAL_FAILURE, ExitCode.UNHEALTHY):
+    if deps.stopping.is_set() and code in (ExitCode.OK, ExitCode.PARTIAL_FAILURE):
         log.warning("run_interrupted")
         record.outcome, code = "interrupted", ExitCode.INTERRUPTED
     elif code == ExitCode.OK and record.health and at_or_above(record.health["status"], config.fail_on):

@@ -477,3 +477,17 @@ def test_events_that_cannot_be_posted_only_warn(harness: Harness) -> None:
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and report["summary"]["deleted"] == 2
     assert [e["kind"] for e in report["errors"]] == ["events"] and "forbidden" in report["errors"][0]["message"]
+
+
+def test_a_check_whose_answer_is_not_json_is_skipped_with_its_kind(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    harness.kubeapi.fail(
+        "GET",
+        r"/validatingwebhookconfigurations$",
+        200,
+        times=10,
+        body="<html>proxy</html>",  # type: ignore[arg-type]
+    )
+    report, code = harness.run()
+    assert code == 0 and report["health"]["checks"]["webhooks"] == "skipped: bad_answer"
