@@ -9,23 +9,27 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 from job import __version__, logs, report
-from job.config import Config, ConfigError, load
+from job.config import MAX_KEPT_REPORTS, Config, ConfigError, load
 from job.datastores.base import Datastore
 from job.datastores.etcdv2 import EtcdV2Datastore
 from job.datastores.etcdv3 import EtcdV3Datastore
 from job.datastores.kdd import KddDatastore
 from job.events import publish
 from job.health_reads import read_health
+from job.keep import KeepError, ReportKeeper
 from job.kube import Kube, KubeError, api_client
 from job.lease import LeaseLock
+from job.restore import render_text as render_restore
+from job.restore import restore
 from job.retry import RetryPolicy
-from job.runner import Dependencies, ExitCode, run
+from job.runner import Dependencies, ExitCode, keep, run
 from job.state import ConfigMapStateStore, FileStateStore, StateStore
 
 
@@ -61,6 +65,7 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
         run_id,
         partial(read_health, kube),
         partial(publish, kube, config.namespace, environ.get("POD_NAME")),
+        reports=ReportKeeper(kube, config.namespace, config.keep_reports),
     )
 
 
@@ -107,6 +112,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"calico-gc: error: {error} (see --help)", file=sys.stderr)
         return ExitCode.USAGE
     logs.configure(config.log_level, config.log_format)
+    if config.command.name.startswith("reports"):
+        return _reports(config)
     try:
         deps = dependencies(config, environ)
     except KubeError as error:
@@ -114,7 +121,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return ExitCode.USAGE
     try:
         with stop_on_signals(deps.stopping):
-            document, code = run(config, deps)
+            if config.command.name == "restore":
+                document, code, render = _restore(config, deps)
+            else:
+                (document, code), render = run(config, deps), report.render_text
     finally:
         deps.datastore.close()
     try:
@@ -126,8 +136,60 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if config.output == "json":
         report.write(document, sys.stdout)
     else:
-        sys.stdout.write(report.render_text(document))
+        sys.stdout.write(render(document))
     return code
+
+
+def _source(config: Config, deps: Dependencies) -> dict[str, Any]:
+    """The report a restore undoes: a file, or a kept report (KeepError when neither can be read)."""
+    if config.command.from_file is None:
+        assert config.command.run_id is not None and deps.reports is not None
+        return deps.reports.fetch(config.command.run_id)
+    try:
+        document = json.loads(config.command.from_file.read_text())
+    except (OSError, ValueError) as error:
+        raise KeepError(f"cannot read the report {config.command.from_file}: {error}", "config") from error
+    if not isinstance(document, dict):
+        raise KeepError(f"{config.command.from_file} is not a JSON report", "config")
+    return document
+
+
+def _restore(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int, Callable[[dict[str, Any]], str]]:
+    document, code = restore(config, deps, partial(_source, config, deps), config.command.hosts)
+    keep(config, deps, document)
+    return document, code, render_restore
+
+
+def _reports(config: Config) -> int:
+    """`reports` and `reports show`: read-only, no lock, no datastore."""
+    try:
+        keeper = ReportKeeper(Kube(api_client(config), retry_policy(config)), config.namespace, MAX_KEPT_REPORTS)
+        if config.command.name == "reports":
+            kept = keeper.list()
+            if config.output == "json":
+                print(json.dumps(kept, indent=2))
+                return ExitCode.OK
+            print(f"{'RUN':<12}  {'STARTED':<27}  {'KIND':<7}  {'OUTCOME':<15}  SUMMARY")
+            for entry in kept:
+                kind = "restore" if entry.get("schema", "").startswith("calico-gc/restore") else "run"
+                print(
+                    f"{entry['run-id']:<12}  {entry.get('started-at', '?'):<27}  {kind:<7}  "
+                    f"{entry.get('outcome', '?'):<15}  {entry.get('summary', '')}"
+                )
+            if not kept:
+                print(f"(no kept reports in {config.namespace}: only runs that change the datastore are kept)")
+            return ExitCode.OK
+        document = keeper.fetch(str(config.command.run_id))
+    except (KeepError, KubeError) as error:
+        print(f"calico-gc: error: {error}", file=sys.stderr)
+        return ExitCode.USAGE if error.kind == "config" else ExitCode.ERROR
+    if config.output == "json":
+        report.write(document, sys.stdout)
+    elif str(document.get("schema", "")).startswith("calico-gc/restore"):
+        sys.stdout.write(render_restore(document))
+    else:
+        sys.stdout.write(report.render_text(document))
+    return ExitCode.OK
 
 
 def console() -> None:

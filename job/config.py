@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
+MAX_KEPT_REPORTS = 10  # job/keep.py's MAX_SLOTS: the Role grants exactly these names
 
 
 class ConfigError(ValueError):
@@ -177,6 +178,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--report-file", "CALICO_GC_REPORT_FILE", None, "Also write the JSON report here.", metavar="PATH"),
     Option(
+        "--keep-reports",
+        "CALICO_GC_KEEP_REPORTS",
+        "10",
+        "Keep the reports of the last N runs that changed the datastore in ConfigMaps calico-gc-report-* of "
+        "--namespace (at most 10; 0: keep none). `reports` lists them, `restore` undoes one.",
+        metavar="N",
+    ),
+    Option(
         "--lock",
         "CALICO_GC_LOCK",
         "lease",
@@ -332,8 +341,22 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+COMMANDS = ("run", "reports", "restore")
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to do: a run (the default), list or show kept reports, or restore a run."""
+
+    name: str = "run"
+    run_id: str | None = None  # reports show / restore: a kept report's run ID ("latest": the newest)
+    from_file: Path | None = None  # restore: a report file instead of a kept report
+    hosts: tuple[str, ...] = ()  # restore: only these hosts
+
+
 @dataclass(frozen=True)
 class Config:
+    command: Command = Command()
     apply: bool = False
     grace_period: timedelta = timedelta(minutes=30)
     conflict_grace_period: timedelta = timedelta(0)
@@ -344,6 +367,7 @@ class Config:
     state_file: Path | None = None
     state_configmap: str = "calico-gc-state"
     report_file: Path | None = None
+    keep_reports: int = 10
     lock: str = "lease"
     lock_name: str = "calico-gc"
     lease_duration: timedelta = timedelta(minutes=2)
@@ -385,6 +409,8 @@ def effective(config: Config) -> dict[str, object]:
             value = format_duration(value)
         elif isinstance(value, Path):
             value = str(value)
+        elif isinstance(value, Command):
+            value = value.name
         elif isinstance(value, tuple):
             value = [endpoint.url if isinstance(endpoint, EtcdEndpoint) else endpoint for endpoint in value]
         shown[name] = value
@@ -396,17 +422,38 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m job",
-        description="calico-gc: delete the Calico data of Kubernetes nodes that no longer exist. "
-        "Dry run unless --apply. Every option can also be set by the environment variable "
-        "named in brackets; a flag wins over the variable.",
-        epilog="Exit codes: 0 ok (also dry run, nothing to do, lock held elsewhere); 1 a server failed "
-        "or a bug (the report's error kind says which); 2 bad usage or configuration; 3 refused by a "
-        "safety guard; 4 partial failure; 5 network health at --fail-on; 143 stopped by SIGTERM or "
-        "SIGINT (the host in flight finished, no new one started).",
-    )
+def build_parser(command: str = "run") -> argparse.ArgumentParser:
+    if command == "restore":
+        parser = _Parser(
+            prog="calico-gc restore",
+            description="Put back what one run removed, from its kept report (or a report file). Dry run unless "
+            "--apply is given here: CALICO_GC_APPLY does not count, so a CronJob's environment never makes a "
+            "restore write. Only keys that are still absent are created; an IP allocated again since, a block "
+            "another host claims, or a key written since is reported as a conflict and left alone.",
+        )
+        parser.add_argument("run_id", nargs="?", metavar="RUN_ID", help="run ID of a kept report, or 'latest'")
+        parser.add_argument("--from-file", metavar="PATH", help="restore from this report file instead")
+        parser.add_argument("--host", action="append", default=None, metavar="NAME", help="only this host (repeat)")
+    elif command == "reports":
+        parser = _Parser(
+            prog="calico-gc reports",
+            description="List the kept reports (runs that changed the datastore), or show one: text, or the whole "
+            "JSON report with --output json.",
+        )
+        parser.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+        parser.add_argument("run_id", nargs="?", metavar="RUN_ID", help="show: the run ID, or 'latest'")
+    else:
+        parser = _Parser(
+            prog="calico-gc",
+            description="calico-gc: delete the Calico data of Kubernetes nodes that no longer exist. "
+            "Dry run unless --apply. Every option can also be set by the environment variable "
+            "named in brackets; a flag wins over the variable. Also: `calico-gc reports` (kept reports) and "
+            "`calico-gc restore RUN_ID` (undo a run); each has its own --help.",
+            epilog="Exit codes: 0 ok (also dry run, nothing to do, lock held elsewhere); 1 a server failed "
+            "or a bug (the report's error kind says which); 2 bad usage or configuration; 3 refused by a "
+            "safety guard; 4 partial failure (restore: something could not be put back); 5 network health at "
+            "--fail-on; 143 stopped by SIGTERM or SIGINT (the host in flight finished, no new one started).",
+        )
     parser.add_argument("--version", action="store_true", help="Print the version and exit.")
     for option in OPTIONS:
         text = f"{option.help} [{option.env}; default: {option.default or 'unset'}]"
@@ -417,6 +464,24 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(option.flag, default=None, choices=option.choices, metavar=option.metavar, help=text)
     return parser
+
+
+def _command(name: str, args: Mapping[str, object]) -> Command:
+    run_id = args.get("run_id")
+    if name == "restore":
+        from_file = args.get("from_file")
+        if bool(run_id) == bool(from_file):
+            raise ConfigError("restore: give a RUN_ID (see `calico-gc reports`) or --from-file PATH, not both")
+        if from_file and not Path(str(from_file)).is_file():
+            raise ConfigError(f"restore --from-file: cannot read {from_file}")
+        hosts = args.get("host") or ()
+        assert isinstance(hosts, list | tuple)
+        return Command(name, str(run_id) if run_id else None, _path(str(from_file or "")), tuple(map(str, hosts)))
+    if name == "reports" and args.get("action") == "show":
+        if not run_id:
+            raise ConfigError("reports show: give a RUN_ID (see `calico-gc reports`) or 'latest'")
+        return Command("reports-show", str(run_id))
+    return Command(name)
 
 
 def _bool(name: str, text: str) -> bool:
@@ -435,6 +500,12 @@ def _int(name: str, text: str, minimum: int) -> int:
         raise ConfigError(f"{name}: expected a whole number, got {text!r}") from None
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _at_most(name: str, value: int, maximum: int) -> int:
+    if value > maximum:
+        raise ConfigError(f"{name}: at most {maximum} (the names manifests/base/rbac.yaml grants), got {value}")
     return value
 
 
@@ -468,7 +539,11 @@ def _readable(name: str, text: str | None) -> Path | None:
 
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Parse and validate everything; raise ConfigError with a one-line reason."""
-    args = vars(build_parser().parse_args(list(argv)))
+    name = argv[0] if argv and argv[0] in COMMANDS else "run"
+    args = vars(build_parser(name).parse_args(list(argv[1:] if argv and argv[0] == name else argv)))
+    command = _command(name, args)
+    if name == "restore":  # only the command line makes a restore write
+        environ = {k: v for k, v in environ.items() if k != "CALICO_GC_APPLY"}
     raw: dict[str, str | list[str] | None] = {}
     for option in OPTIONS:
         dest = option.flag.lstrip("-").replace("-", "_")
@@ -535,6 +610,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         raise ConfigError("--etcd-timeout: must be above 0")
     kubeconfig = optional("kubeconfig")
     return Config(
+        command=command,
         apply=_bool("--apply", text("apply")) and not _bool("--dry-run", text("dry_run")),
         grace_period=duration("grace_period"),
         conflict_grace_period=duration("conflict_grace_period"),
@@ -545,6 +621,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         state_file=_path(optional("state_file")),
         state_configmap=text("state_configmap"),
         report_file=_path(optional("report_file")),
+        keep_reports=_at_most("--keep-reports", _int("--keep-reports", text("keep_reports"), 0), MAX_KEPT_REPORTS),
         lock=text("lock"),
         lock_name=text("lock_name"),
         lease_duration=_at_least("--lease-duration", duration("lease_duration"), timedelta(seconds=3)),

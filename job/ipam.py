@@ -169,6 +169,35 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
     return new, handles
 
 
+def allocate(block: Mapping[str, object], wanted: Mapping[int, Mapping[str, object]]) -> JsonObject:
+    """A copy of `block` with each free ordinal of `wanted` allocated to its attribute (the
+    inverse of `release`, for a restore). An equal attribute already in the block is shared, as
+    Calico shares one per handle; an ordinal already allocated is left as it is (the caller
+    decides whether that is the same allocation or a conflict). Blocks that record a sequence
+    number per allocation get the block's current one, as Calico's assignment does."""
+    new: JsonObject = dict(block)
+    allocations: list[int | None] = list(new["allocations"])
+    attributes: list[Any] = list(new.get("attributes") or [])
+    free = [o for o in sorted(wanted) if allocations[o] is None]
+    if not free:
+        return new
+    sequence_by_ordinal = new.get("sequenceNumberForAllocation")
+    if "sequenceNumber" in new:
+        sequence_by_ordinal = new["sequenceNumberForAllocation"] = dict(sequence_by_ordinal or {})
+    for ordinal in free:
+        attribute = dict(wanted[ordinal])
+        if attribute not in attributes:
+            attributes.append(attribute)
+        allocations[ordinal] = attributes.index(attribute)
+        if isinstance(sequence_by_ordinal, dict):
+            sequence_by_ordinal[str(ordinal)] = new["sequenceNumber"]
+    new["allocations"] = allocations
+    new["attributes"] = attributes
+    new["unallocated"] = [o for o in new.get("unallocated") or [] if o not in set(free)]
+    _bump_sequence(new)
+    return new
+
+
 def without_affinity(block: Mapping[str, object]) -> JsonObject:
     """A copy of a block that no host claims any more (it keeps lending its IPs)."""
     new: JsonObject = dict(block)  # only top-level fields change
@@ -319,7 +348,7 @@ def _delete_emptied(item: StoredItem, emptied: JsonObject) -> Write:
     return Write(item.key, item.revision, None, item.value, final=dump(emptied))
 
 
-def _normal_cidr(text: str) -> str | None:
+def normal_cidr(text: str) -> str | None:
     try:
         return str(ipaddress.ip_network(text, strict=False))
     except ValueError:
@@ -424,7 +453,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
 
 def _held_after(key: str, handle_id: str, edits: Mapping[str, _BlockEdit], index: IpamIndex) -> int | None:
     """What block `key` (a handle's cidr key) holds for the handle once the plan is done."""
-    cidr = _normal_cidr(key)
+    cidr = normal_cidr(key)
     if cidr is None:
         return None
     if cidr in edits:

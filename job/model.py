@@ -164,6 +164,9 @@ class Action(StrEnum):
     FAILED = "failed"
 
 
+CREATE = 0  # a Write at this revision creates its key, and only if the key is absent
+
+
 @dataclass(frozen=True, slots=True)
 class Write:
     """One conditional write: applies only if the key is still at `revision`.

@@ -57,8 +57,9 @@ def _changes(decision: HostDecision) -> list[dict[str, Any]]:
             "revision": w.revision,
             "before": w.before,
             **({"after": w.value} if w.value is not None else {}),
+            "step": number,  # writes of one step were one transaction (a restore keeps them together)
         }
-        for step in decision.steps
+        for number, step in enumerate(decision.steps)
         for w in step.writes
     ]
 

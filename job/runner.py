@@ -23,6 +23,7 @@ from job.audit import ipam_audit
 from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
+from job.keep import KeepError, worth_keeping
 from job.kube import KubeError
 from job.metrics import push
 from job.model import Action, KubeNode
@@ -59,6 +60,14 @@ class Lock(Protocol):
     def release(self) -> None: ...
 
 
+class ReportStore(Protocol):
+    def keep(self, report: Mapping[str, Any]) -> str:
+        """Keep the report; where it is kept. Raises KeepError."""
+        ...
+
+    def fetch(self, run_id: str) -> dict[str, Any]: ...
+
+
 class NodeSource(NodeChecker, Protocol):
     def list_nodes(self) -> tuple[KubeNode, ...]: ...
 
@@ -75,6 +84,7 @@ class Dependencies:
     run_id: str
     health: Callable[[Config], HealthInputs]  # the read side of the network-health diagnosis
     events: Callable[[dict[str, Any]], str | None] | None = None  # posts a finished run's Events
+    reports: ReportStore | None = None  # where reports that changed the datastore are kept
     stopping: threading.Event = field(default_factory=threading.Event)  # set by SIGTERM/SIGINT
 
 
@@ -111,20 +121,38 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     finished = deps.clock()
     report = build(record, finished, int(code))
     if config.events and deps.events is not None:
-        failure = deps.events(report)
-        if failure:
-            log.warning("events_not_posted", error=failure)
-            report["errors"].append({"kind": "events", "message": failure})
-            report["summary"]["errors"] += 1
+        _note_failure(report, "events", deps.events(report))
     if config.pushgateway:
         cluster = config.cluster_name or record.datastore.get("cluster_guid") or "unknown"
         duration = (finished - record.started_at).total_seconds()
-        failure = push(config.pushgateway, str(cluster), report, duration, succeeded=code == ExitCode.OK)
-        if failure:
-            report["errors"].append({"kind": "metrics_push", "message": failure})
-            report["summary"]["errors"] += 1
+        _note_failure(
+            report,
+            "metrics_push",
+            push(config.pushgateway, str(cluster), report, duration, succeeded=code == ExitCode.OK),
+        )
+    keep(config, deps, report)
     log.info("run_finished", outcome=record.outcome, exit_code=int(code), summary=report["summary"])
     return report, int(code)
+
+
+def _note_failure(report: dict[str, Any], kind: str, failure: str | None) -> None:
+    """A side duty of the run (Events, metrics, keeping the report) failed: reported, and
+    counted as an error, but what the run did stands."""
+    if failure:
+        log.warning("side_effect_failed", kind=kind, error=failure)
+        report["errors"].append({"kind": kind, "message": failure})
+        report["summary"]["errors"] += 1
+
+
+def keep(config: Config, deps: Dependencies, report: dict[str, Any]) -> None:
+    """Keep a report that records changes (a run's or a restore's) in the cluster."""
+    if not (config.keep_reports and deps.reports is not None and worth_keeping(report)):
+        return
+    try:
+        report["kept_as"] = deps.reports.keep(report)
+        log.info("report_kept", configmap=report["kept_as"])
+    except KeepError as error:
+        _note_failure(report, "report_keep", f"the report was not kept in the cluster: {error}")
 
 
 def _writable_names(config: Config, deps: Dependencies) -> None:

@@ -20,11 +20,13 @@ from job.cli import datastore
 from job.config import Config, EtcdEndpoint
 from job.events import publish
 from job.health_reads import read_health
+from job.keep import ReportKeeper
 from job.kube import Kube, api_client
 from job.lease import LeaseLock
 from job.report import SCHEMA_PATH
+from job.restore import restore
 from job.retry import RetryPolicy
-from job.runner import Dependencies, run
+from job.runner import Dependencies, keep, run
 from job.state import FileStateStore, StateStore
 from tests.support import calico, calico2
 from tests.support.etcd_server import EtcdServer
@@ -115,6 +117,7 @@ class Harness:
             "test-run",
             partial(read_health, kube),
             partial(publish, kube, config.namespace, "calico-gc-test-pod"),
+            reports=ReportKeeper(kube, config.namespace, config.keep_reports),
         )
 
     def run(self, config: Config | None = None, **kwargs: Any) -> tuple[dict[str, Any], int]:
@@ -126,6 +129,21 @@ class Harness:
             deps.datastore.close()
         validate_report(report)
         return report, code
+
+    def restore(
+        self, config: Config | None = None, source: dict[str, Any] | None = None, **kwargs: Any
+    ) -> tuple[dict[str, Any], int]:
+        """`calico-gc restore` of `source` (default: the newest kept report), through the real flow."""
+        config = config or self.config()
+        deps = self.dependencies(config, **kwargs)
+        assert deps.reports is not None
+        load = (lambda: source) if source is not None else partial(deps.reports.fetch, "latest")
+        try:
+            document, code = restore(config, deps, load, config.command.hosts)
+            keep(config, deps, document)
+        finally:
+            deps.datastore.close()
+        return document, code
 
     def dump(self) -> dict[str, tuple[str, int]]:
         return calico.dump(self.etcd.url)

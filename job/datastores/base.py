@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from job.model import Inventory, Step
+from job.model import Inventory, Step, StoredItem
 
 
 class DatastoreError(Exception):
@@ -40,10 +40,16 @@ class Datastore(Protocol):
         """The values of exact keys at a past read's revision (for entries read without one)."""
         ...
 
+    def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
+        """Exact keys as they are now, with the revision to compare on; absent keys are left out.
+        (A restore reads only the keys a kept report names.)"""
+        ...
+
     def commit(self, step: Step) -> int:
         """Apply one step if every key is still at its revision; how many of its writes were
         applied, in order. All of them, or fewer when a compare failed (someone else wrote):
         etcd v3 applies all or none, a datastore without transactions stops at the failure.
+        A write at revision CREATE creates a key only if it is absent.
         """
         ...
 

@@ -16,7 +16,7 @@ from job.config import Config
 from job.datastores.base import DatastoreError
 from job.datastores.etcd_http import EtcdHttp
 from job.datastores.etcdv3 import Collected, bare_ip, collect_key, k8s_node_name
-from job.model import CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint, Write
+from job.model import CREATE, CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint, Write
 from job.retry import RetryPolicy
 
 HOSTS = "/calico/v1/host/"
@@ -196,6 +196,14 @@ class EtcdV2Datastore:
                 values[key] = node.get("value", "")
         return values
 
+    def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
+        found = {}
+        for key in keys:
+            node = self._get(key)
+            if node is not None and not node.get("dir"):
+                found[key] = StoredItem(key, int(node["modifiedIndex"]), node.get("value", ""))
+        return found
+
     def commit(self, step: Step) -> int:
         """Each write conditional on its prevIndex, in order; stop at the first failed compare."""
         for applied, write in enumerate(step.writes):
@@ -220,7 +228,7 @@ class EtcdV2Datastore:
         status, _ = self._http.request(
             "DELETE" if write.value is None else "PUT",
             f"/v2/keys{write.key}",
-            params={"prevIndex": str(write.revision)},
+            params={"prevExist": "false"} if write.revision == CREATE else {"prevIndex": str(write.revision)},
             data=None if write.value is None else {"value": write.value},
             expect=(200, 201, COMPARE_FAILED, NOT_FOUND),
         )

@@ -477,7 +477,19 @@ class EtcdV3Datastore:
                     values[_unb64(kv["key"])] = _unb64(kv.get("value", ""))
         return values
 
+    def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
+        found: dict[str, StoredItem] = {}
+        for start in range(0, len(keys), MAX_TXN_OPS):
+            reads = [{"request_range": {"key": _b64(key)}} for key in keys[start : start + MAX_TXN_OPS]]
+            response = self._post("/kv/txn", {"success": reads})
+            for answer in response.get("responses", []):
+                for kv in answer.get("response_range", {}).get("kvs", []):
+                    key = _unb64(kv["key"])
+                    found[key] = StoredItem(key, int(kv["mod_revision"]), _unb64(kv.get("value", "")))
+        return found
+
     def commit(self, step: Step) -> int:
+        # An absent key's mod_revision compares as 0 (CREATE): a create is "still absent".
         compare = [
             {"key": _b64(w.key), "result": "EQUAL", "target": "MOD", "mod_revision": w.revision} for w in step.writes
         ]

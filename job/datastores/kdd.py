@@ -22,6 +22,7 @@ from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.ipam import block_shape_problem, summarize_block
 from job.kube import Kube, KubeError
 from job.model import (
+    CREATE,
     BlockAffinity,
     CalicoHost,
     ClusterInfo,
@@ -35,6 +36,7 @@ from job.model import (
 
 GROUP = "/apis/crd.projectcalico.org/v1"
 BLOCKS, AFFINITIES, HANDLES = "ipamblocks", "blockaffinities", "ipamhandles"
+SPEC_VALUED = (BLOCKS, HANDLES)  # read as their spec (IPAM editing needs only it); others whole
 NODE_CONFIGS = ("felixconfigurations", "bgpconfigurations")  # named node.<name>
 NODE_BOUND = ("bgppeers", "hostendpoints", "caliconodestatuses")  # with spec.node
 KINDS = {
@@ -226,16 +228,54 @@ class KddDatastore:
         """Never needed here: every item is read with its value."""
         return {}
 
+    def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
+        found = {}
+        for key in keys:
+            plural, _, name = key.partition("/")
+            obj = self._get_found(f"{GROUP}/{plural}/{name}")
+            if obj is not None:
+                item = self._item(plural, obj, [], value=obj.get("spec") if plural in SPEC_VALUED else None)
+                if item is not None:
+                    found[key] = item
+        return found
+
+    def _get_found(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self._kube.request("GET", path)
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise DatastoreError(f"GET {path}: {error}") from error
+
+    def _created(self, plural: str, name: str, value: str) -> dict[str, Any]:
+        """The object to POST for a key read as `value`: only what its writer chose is kept
+        (name, labels, annotations, spec), never what the API server assigned (uid, versions)."""
+        data = json.loads(value)
+        if plural in SPEC_VALUED:
+            return {
+                "apiVersion": "crd.projectcalico.org/v1",
+                "kind": KINDS[plural],
+                "metadata": {"name": name},
+                "spec": data,
+            }
+        metadata = {k: v for k, v in (data.get("metadata") or {}).items() if k in ("name", "labels", "annotations")}
+        return {**data, "metadata": {**metadata, "name": name}}
+
     def _object(self, plural: str, key: str, revision: int, spec: Any) -> dict[str, Any]:
         metadata = {**self._metadata.get(key, {}), "resourceVersion": str(revision)}
         return {"apiVersion": "crd.projectcalico.org/v1", "kind": KINDS[plural], "metadata": metadata, "spec": spec}
 
     def commit(self, step: Step) -> int:
-        """The step's writes in order, each guarded by resourceVersion; stop at the first 409/404."""
+        """The step's writes in order, each guarded by resourceVersion (a create: by the name being
+        free); stop at the first 409/404."""
         for applied, write in enumerate(step.writes):
             plural, _, name = write.key.partition("/")
             path = f"{GROUP}/{plural}/{name}"
             try:
+                if write.revision == CREATE:
+                    assert write.value is not None, "a create carries a value"
+                    self._kube.request("POST", f"{GROUP}/{plural}", body=self._created(plural, name, write.value))
+                    continue
                 if write.value is not None:
                     self._kube.request(
                         "PUT", path, body=self._object(plural, write.key, write.revision, json.loads(write.value))

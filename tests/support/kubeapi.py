@@ -28,10 +28,12 @@ REASONS = {
     404: "NotFound",
     409: "Conflict",
     410: "Expired",
+    422: "Invalid",
     429: "TooManyRequests",
     500: "InternalError",
     503: "ServiceUnavailable",
 }
+MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's (or Secret's) data
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
@@ -282,6 +284,13 @@ class KubeApiServer:
                     for n, obj in objects.items()
                 }
             return self._list(items, kind, query)
+        if method in ("POST", "PUT") and plural in ("configmaps", "secrets"):
+            size = sum(len(str(v)) for v in (payload.get("data") or {}).values())
+            size += sum(len(base64.b64decode(v)) for v in (payload.get("binaryData") or {}).values())
+            if size > MAX_CONFIGMAP_BYTES:  # as the real server validates it
+                named = name or (payload.get("metadata") or {}).get("name")
+                message = f'{kind} "{named}" is invalid: []: Too long: must have at most {MAX_CONFIGMAP_BYTES} bytes'
+                return 422, status_body(422, message, details)
         if method == "POST" and name is None:
             metadata = payload.setdefault("metadata", {})
             if not metadata.get("name") and metadata.get("generateName"):

@@ -1,0 +1,228 @@
+"""`calico-gc restore`: undo a run from its kept report. Read the report's keys as they are now,
+plan what is left (job/restore_plan.py, pure), commit one step, and plan again from a fresh
+read, until nothing is left; then report. Dry run unless the command itself says --apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from job import __version__
+from job.apply import INTERRUPTED, LOCK_LOST
+from job.config import Config
+from job.datastores.base import DatastoreError
+from job.keep import KeepError
+from job.kube import KubeError
+from job.model import Step, Write
+from job.report import SCHEMA_VERSION, timestamp
+from job.restore_plan import HostRestore, RemovedHost, ReportShapeError, plan_host, removed_hosts
+from job.runner import USAGE_KINDS, Dependencies, ExitCode
+
+log = structlog.get_logger("calico_gc.restore")
+RESTORE_SCHEMA = "calico-gc/restore/v1"
+MAX_STEPS_PER_KEY = 4  # a restore commits one step per plan: a bound on plans, conflicts included
+
+
+@dataclass
+class HostOutcome:
+    name: str
+    action: str
+    written: list[Write] = field(default_factory=list)
+    planned: list[Write] = field(default_factory=list)
+    plan: HostRestore | None = None
+    error: str | None = None
+
+
+def _source_problem(source: Mapping[str, Any], datastore_type: str) -> str | None:
+    if source.get("schema") != SCHEMA_VERSION:
+        return f"not a calico-gc run report (schema {source.get('schema')!r}, expected {SCHEMA_VERSION})"
+    if source.get("mode") != "apply":
+        return f"run {source.get('run_id')} was a dry run: it removed nothing"
+    kept_type = (source.get("datastore") or {}).get("type")
+    if kept_type != datastore_type:
+        return f"run {source.get('run_id')} worked on a {kept_type} datastore, this one is {datastore_type}"
+    return None
+
+
+def _restore_host(host: RemovedHost, deps: Dependencies, addresses: Mapping[str, str], apply: bool) -> HostOutcome:
+    outcome = HostOutcome(host.name, "nothing_to_restore")
+    keys = host.keys()
+    for _ in range(MAX_STEPS_PER_KEY * max(len(keys), 1)):
+        plan = plan_host(host, deps.datastore.current(keys), addresses)
+        outcome.plan = plan
+        if plan.refused:
+            outcome.action = "refused"
+            return outcome
+        if not plan.steps:
+            outcome.action = "restored" if outcome.written else "nothing_to_restore"
+            return outcome
+        if not apply:
+            outcome.action, outcome.planned = "would_restore", [w for s in plan.steps for w in s.writes]
+            return outcome
+        step: Step = plan.steps[0]
+        try:
+            applied = deps.datastore.commit(step)
+        except DatastoreError as error:
+            outcome.written += step.writes[: error.applied]
+            outcome.action, outcome.error = "failed", str(error)
+            return outcome
+        outcome.written += step.writes[:applied]
+        for write in step.writes[:applied]:
+            log.info("restored", host=host.name, key=write.key, op="create" if write.before is None else "update")
+        if applied < len(step.writes):
+            log.warning("restore_conflict", host=host.name, step=step.purpose)  # read again, plan again
+    outcome.action, outcome.error = "failed", "the data kept changing; run the restore again"
+    return outcome
+
+
+def restore(
+    config: Config, deps: Dependencies, load: Callable[[], Mapping[str, Any]], only: Iterable[str] = ()
+) -> tuple[dict[str, Any], int]:
+    """Restore what the run of the report `load` returns removed (its hosts in `only`, or all);
+    the restore's own report and exit code. Never raises for expected failures."""
+    started = deps.clock()
+    source: Mapping[str, Any] = {"run_id": config.command.run_id}
+    outcomes: list[HostOutcome] = []
+    errors: list[dict[str, str]] = []
+    code = ExitCode.OK
+    structlog.contextvars.bind_contextvars(run_id=deps.run_id)
+    log.info("restore_started", source=source.get("run_id"), mode="apply" if config.apply else "dry-run")
+    try:
+        source = load()
+        problem = _source_problem(source, deps.datastore.type)
+        if problem is not None:
+            raise ReportShapeError(problem)
+        hosts = removed_hosts(source, only)
+        holder = deps.lock.acquire() if deps.lock else None
+        if holder is not None:
+            raise KubeError(f"the Lease is held by {holder}: a run is in progress; try again when it ends")
+        try:
+            outcomes = _restore_all(hosts, deps, config.apply)
+        finally:
+            if deps.lock is not None:
+                deps.lock.release()
+    except ReportShapeError as error:
+        errors.append({"kind": "config", "message": str(error)})
+        code = ExitCode.USAGE
+    except (KubeError, DatastoreError, KeepError) as error:
+        log.error("restore_failed", kind=error.kind, error=str(error))
+        errors.append({"kind": error.kind, "message": str(error)})
+        code = ExitCode.USAGE if error.kind in USAGE_KINDS else ExitCode.ERROR
+    unfinished = any(o.action in ("failed", "refused") for o in outcomes)
+    conflicts = config.apply and any(o.plan and o.plan.conflicts for o in outcomes)
+    if code == ExitCode.OK and (unfinished or conflicts):
+        code = ExitCode.PARTIAL_FAILURE  # something of the run could not be put back
+    if deps.stopping.is_set() and code in (ExitCode.OK, ExitCode.PARTIAL_FAILURE):
+        code = ExitCode.INTERRUPTED
+    document = _document(config, deps, source, started, outcomes, errors, int(code))
+    log.info("restore_finished", outcome=document["outcome"], exit_code=int(code), summary=document["summary"])
+    return document, int(code)
+
+
+def _restore_all(hosts: tuple[RemovedHost, ...], deps: Dependencies, apply: bool) -> list[HostOutcome]:
+    inventory = deps.datastore.read()
+    addresses = {ip: h.name for h in inventory.hosts for ip in (h.ipv4, h.ipv6) if ip}
+    outcomes = []
+    halted: str | None = None
+    for host in hosts:
+        if halted is None and deps.stopping.is_set():
+            halted = INTERRUPTED
+        if halted is None and apply and deps.lock is not None and not deps.lock.still_held():
+            halted = LOCK_LOST
+        if halted is not None:
+            outcomes.append(HostOutcome(host.name, "skipped", error=halted))
+            continue
+        try:
+            outcomes.append(_restore_host(host, deps, addresses, apply))
+        except DatastoreError as error:
+            outcomes.append(HostOutcome(host.name, "failed", error=str(error)))
+    return outcomes
+
+
+def _change(write: Write) -> dict[str, Any]:
+    return {
+        "key": write.key,
+        "op": "create" if write.before is None else "update",
+        "before": write.before,
+        "after": write.value,
+    }
+
+
+def _document(
+    config: Config,
+    deps: Dependencies,
+    source: Mapping[str, Any],
+    started: Any,
+    outcomes: list[HostOutcome],
+    errors: list[dict[str, str]],
+    code: int,
+) -> dict[str, Any]:
+    hosts = []
+    for o in outcomes:
+        entry: dict[str, Any] = {
+            "name": o.name,
+            "action": o.action,
+            "changes": [_change(w) for w in (o.written if config.apply else o.planned)],
+            "already": o.plan.already if o.plan else 0,
+            "conflicts": [{"key": f.key, "message": f.message} for f in o.plan.conflicts] if o.plan else [],
+        }
+        if o.error or (o.plan and o.plan.refused):
+            entry["error"] = o.error or (o.plan.refused if o.plan else None)
+        hosts.append(entry)
+    actions = [h["action"] for h in hosts]
+    summary = {
+        "hosts": len(hosts),
+        **{a: actions.count(a) for a in ("restored", "would_restore", "nothing_to_restore", "refused", "failed")},
+        "skipped": actions.count("skipped"),
+        "keys_written": sum(len(h["changes"]) for h in hosts) if config.apply else 0,
+        "keys_to_write": sum(len(h["changes"]) for h in hosts) if not config.apply else 0,
+        "conflicts": sum(len(h["conflicts"]) for h in hosts),
+        "errors": len(errors),
+    }
+    outcome = "error" if errors else "interrupted" if code == ExitCode.INTERRUPTED else "ok"
+    if outcome == "ok" and (summary["conflicts"] or summary["failed"] or summary["refused"]):
+        outcome = "partial"
+    return {
+        "schema": RESTORE_SCHEMA,
+        "tool": {"name": "calico-gc", "version": __version__},
+        "run_id": deps.run_id,
+        "source_run_id": source.get("run_id"),
+        "started_at": timestamp(started),
+        "finished_at": timestamp(deps.clock()),
+        "mode": "apply" if config.apply else "dry-run",
+        "outcome": outcome,
+        "exit_code": code,
+        "datastore": deps.datastore.describe(),
+        "summary": summary,
+        "errors": errors,
+        "hosts": hosts,
+    }
+
+
+def render_text(document: Mapping[str, Any]) -> str:
+    """The restore for a person: per host what was (or would be) put back, and what was not."""
+    counts = ", ".join(f"{k}={v}" for k, v in document["summary"].items() if v)
+    lines = [
+        f"restore {document['mode']} {document['outcome']} (exit {document['exit_code']}) of run "
+        f"{document['source_run_id']}: {counts or 'nothing to restore'}"
+    ]
+    for error in document["errors"]:
+        lines.append(f"error ({error['kind']}): {error['message']}")
+    if document["hosts"]:
+        width = max(len(h["name"]) for h in document["hosts"])
+        lines += ["", f"{'HOST':<{width}}  {'ACTION':<18}  KEYS  ALREADY  CONFLICTS  NOTE"]
+        for host in document["hosts"]:
+            lines.append(
+                f"{host['name']:<{width}}  {host['action']:<18}  {len(host['changes']):>4}  {host['already']:>7}  "
+                f"{len(host['conflicts']):>9}  {host.get('error') or ''}".rstrip()
+            )
+        for host in document["hosts"]:
+            for conflict in host["conflicts"]:
+                lines.append(f"not restored ({host['name']}): {conflict['key']}: {conflict['message']}")
+    if document["mode"] == "dry-run" and document["summary"]["would_restore"]:
+        lines += ["", "dry run: nothing was written; `restore ... --apply` writes what is listed above"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,312 @@
+"""Pure planning of a restore: put back what a kept report says a run removed, and nothing
+that has moved on since (docs/restore.md).
+
+- A key the run deleted is created again only while it is absent. Present with the value the
+  run removed, it is already back; present with another value, it is a conflict.
+- A key the run updated is never written back whole, which would undo everything that happened
+  to it since. An IPAM block gets back the allocations the run freed, each only where its
+  ordinal is still free (an IP allocated again since is a conflict), and its affinity only while
+  no host claims it. A handle's count for a block is raised to what that block holds for it
+  once its allocations are back, never lowered. Any other updated key is put back only if it
+  still holds what the run wrote.
+- A block's step carries its handles (first, as Calico's own assignment writes them) and its
+  affinity key: one etcd transaction. The rest of the host follows, identity first.
+- Every target is absolute, so planning again after any partial restore gives only what is left.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from job.ipam import (
+    MAX_TXN_WRITES,
+    affinity_host,
+    allocate,
+    block_shape_problem,
+    dump,
+    handle_problem,
+    held_by,
+    normal_cidr,
+)
+from job.model import CREATE, JsonObject, Step, StoredItem, Write
+
+RESTORABLE_ACTIONS = ("deleted", "failed")  # a failed host's report lists the writes that were applied
+
+
+class ReportShapeError(ValueError):
+    """The document is not a calico-gc run report this version can restore from."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One write of the run being undone, as its report recorded it."""
+
+    key: str
+    op: str  # "delete" or "update"
+    before: str | None
+    after: str | None
+    step: int
+
+
+@dataclass(frozen=True)
+class RemovedHost:
+    name: str
+    ipv4: str | None
+    ipv6: str | None
+    changes: tuple[Change, ...]
+
+    def keys(self) -> list[str]:
+        return [change.key for change in self.changes]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A key that is not restored, and why."""
+
+    key: str
+    message: str
+
+
+@dataclass(frozen=True)
+class HostRestore:
+    name: str
+    steps: tuple[Step, ...] = ()
+    conflicts: tuple[Finding, ...] = ()
+    already: int = 0  # keys already as the run found them
+    refused: str | None = None  # why nothing of this host is restored
+
+
+def removed_hosts(report: Mapping[str, Any], only: Iterable[str] = ()) -> tuple[RemovedHost, ...]:
+    """The hosts of a run report whose data the run removed (all of them, or those in `only`)."""
+    wanted = set(only)
+    hosts = report.get("hosts")
+    if not isinstance(hosts, list):
+        raise ReportShapeError("the report has no hosts list")
+    removed = []
+    for entry in hosts:
+        if not isinstance(entry, dict) or (wanted and entry.get("name") not in wanted):
+            continue
+        if entry.get("action") not in RESTORABLE_ACTIONS or not entry.get("changes"):
+            continue
+        try:
+            changes = tuple(
+                Change(str(c["key"]), str(c["op"]), c.get("before"), c.get("after"), int(c.get("step", 0)))
+                for c in entry["changes"]
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ReportShapeError(f"host {entry.get('name')!r}: a change lacks {error}") from None
+        removed.append(RemovedHost(str(entry["name"]), entry.get("ipv4"), entry.get("ipv6"), changes))
+    missing = wanted - {host.name for host in removed}
+    if missing:
+        raise ReportShapeError(f"the report removed nothing of {', '.join(sorted(missing))}")
+    return tuple(removed)
+
+
+def _parse(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _is_block(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("allocations"), list) and "cidr" in value
+
+
+def _is_handle(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("block"), dict) and "allocations" not in value
+
+
+def _same(one: str | None, other: str | None) -> bool:
+    """Equal as data. Kubernetes objects compare by spec: the server rewrites their metadata."""
+    if one is None or other is None:
+        return one is other
+    a, b = _parse(one), _parse(other)
+    if a is None or b is None:
+        return one == other
+    if isinstance(a, dict) and isinstance(b, dict) and "metadata" in a and "metadata" in b:
+        return bool(a.get("spec") == b.get("spec"))
+    return bool(a == b)
+
+
+def handle_id(key: str, value: Mapping[str, Any]) -> str:
+    """The handle's ID: in its spec on the Kubernetes datastore, else the last part of its key."""
+    named = value.get("handleID")
+    return named if isinstance(named, str) else key.rsplit("/", 1)[-1]
+
+
+@dataclass
+class _Block:
+    """One block's restore: its write (if any), its value afterwards, its handles' holdings."""
+
+    change: Change
+    write: Write | None
+    after: JsonObject | None
+    handles: set[str]  # handles that get an allocation back here
+    affinity_ok: bool
+
+
+def _restore_block(host: str, change: Change, now: StoredItem | None, findings: list[Finding]) -> _Block:
+    before = _parse(change.before)
+    after = _parse(change.after) if change.op == "update" else None
+    problem = block_shape_problem(before) or (block_shape_problem(after) if change.op == "update" else None)
+    if problem is not None:
+        findings.append(Finding(change.key, f"the report's block cannot be read: {problem}"))
+        return _Block(change, None, None, set(), False)
+    attributes = before.get("attributes") or []
+    wanted = {
+        ordinal: attributes[index]
+        for ordinal, index in enumerate(before["allocations"])
+        if index is not None and (after is None or after["allocations"][ordinal] is None)
+    }
+    wants_affinity = affinity_host(before) == host and (after is None or affinity_host(after) != host)
+    network = ipaddress.ip_network(before["cidr"], strict=False)
+    handles = {str(a.get("handle_id")) for a in wanted.values() if a.get("handle_id")}
+    if now is None:
+        if change.op == "delete":
+            return _Block(change, Write(change.key, CREATE, change.before, None), before, handles, True)
+        findings.append(Finding(change.key, f"block {network} was deleted since: its {len(wanted)} IPs stay free"))
+        return _Block(change, None, None, set(), False)
+    current = _parse(now.value)
+    problem = block_shape_problem(current)
+    if problem is not None or current.get("deleted") is True:
+        why = problem or "it is being deleted (a tombstone)"
+        findings.append(Finding(change.key, f"block {network} as it is now cannot take allocations back: {why}"))
+        return _Block(change, None, None, set(), False)
+    current_attributes = current.get("attributes") or []
+    free = {}
+    for ordinal, attribute in wanted.items():
+        index = current["allocations"][ordinal]
+        if index is None:
+            free[ordinal] = attribute
+        elif current_attributes[index] != attribute:
+            holder = current_attributes[index].get("handle_id")
+            findings.append(Finding(change.key, f"{network[ordinal]} was allocated again since (handle {holder})"))
+    new = allocate(current, free)
+    affinity_ok = False
+    if wants_affinity:
+        holder = affinity_host(current)
+        if current.get("affinity") is None:
+            new = {**new, "affinity": before["affinity"]}
+            for claim_time in ("affinity_claim_time", "affinityClaimTime"):
+                if claim_time in before:
+                    new[claim_time] = before[claim_time]
+            affinity_ok = True
+        elif holder == host:
+            affinity_ok = True
+        else:
+            findings.append(Finding(change.key, f"block {network} is claimed by {current.get('affinity')} now"))
+    write = Write(change.key, now.revision, dump(new), now.value) if new != current else None
+    restored = {str(a.get("handle_id")) for a in free.values() if a.get("handle_id")}
+    return _Block(change, write, new, restored, affinity_ok)
+
+
+def _raised_handle(change: Change, now: StoredItem | None, block: _Block, hid: str) -> Write | None:
+    """The handle counting what `block` holds for it once restored; None when it already does."""
+    assert block.after is not None
+    cidr = str(ipaddress.ip_network(block.after["cidr"], strict=False))
+    target = held_by(block.after, hid)
+    if now is None:
+        template = _parse(change.before) or {}
+        if not target:
+            return None
+        value = {**template, "block": {block.after["cidr"]: target}}
+        if "deleted" in value:
+            value["deleted"] = False
+        return Write(change.key, CREATE, dump(value), None)
+    current = _parse(now.value)
+    if handle_problem(current) is not None:
+        return None
+    counts = dict(current.get("block") or {})
+    key = next((k for k in counts if normal_cidr(k) == cidr), block.after["cidr"])
+    if counts.get(key, 0) >= target:
+        return None
+    counts[key] = target
+    return Write(change.key, now.revision, dump({**current, "block": counts}), now.value)
+
+
+def _generic(change: Change, now: StoredItem | None, findings: list[Finding]) -> Write | bool | None:
+    """The write that puts a non-IPAM key back; True when it already is, None when it cannot be."""
+    if change.before is None:
+        findings.append(Finding(change.key, "the report holds no value from before"))
+        return None
+    current = now.value if now is not None else None
+    if _same(current, change.before):
+        return True
+    if change.op == "delete":
+        if now is None:
+            return Write(change.key, CREATE, change.before, None)
+        findings.append(Finding(change.key, "exists again with another value"))
+        return None
+    if now is not None and _same(current, change.after):
+        return Write(change.key, now.revision, change.before, current)
+    findings.append(Finding(change.key, "deleted since" if now is None else "changed since"))
+    return None
+
+
+def _chunks(purpose: str, writes: Sequence[Write]) -> list[Step]:
+    return [
+        Step(purpose, tuple(writes[start : start + MAX_TXN_WRITES])) for start in range(0, len(writes), MAX_TXN_WRITES)
+    ]
+
+
+def plan_host(host: RemovedHost, now: Mapping[str, StoredItem], addresses: Mapping[str, str]) -> HostRestore:
+    """What is left to restore of one host, given its keys as they are now (`now`) and which host
+    holds each node address now (`addresses`)."""
+    for address in (host.ipv4, host.ipv6):
+        holder = addresses.get(address or "")
+        if holder is not None and holder != host.name:
+            why = f"its address {address} belongs to host {holder} now; restoring it would start the IP clash over"
+            return HostRestore(host.name, refused=why)
+    findings: list[Finding] = []
+    handles: dict[str, Change] = {}
+    groups: dict[int, list[Change]] = {}
+    for change in host.changes:
+        if change.key.endswith("/"):  # an etcd v2 directory: comes back with its first key
+            continue
+        value = _parse(change.before)
+        if _is_handle(value):
+            handles[handle_id(change.key, value)] = change
+        else:
+            groups.setdefault(change.step, []).append(change)
+    steps: list[Step] = []
+    generic: list[Change] = []
+    already = 0
+    for number in sorted(groups):
+        blocks = [c for c in groups[number] if _is_block(_parse(c.before))]
+        if not blocks:
+            generic += groups[number]
+            continue
+        others = [c for c in groups[number] if c not in blocks]  # the affinity key
+        for position, change in enumerate(blocks):
+            block = _restore_block(host.name, change, now.get(change.key), findings)
+            writes = []
+            for hid in sorted(block.handles & set(handles)):
+                raised = _raised_handle(handles[hid], now.get(handles[hid].key), block, hid)
+                writes += [raised] if raised else []
+            if block.write is not None:
+                writes.append(block.write)
+            elif block.after is not None and not any(f.key == change.key for f in findings):
+                already += 1
+            for other in others if position == 0 else ():
+                if not block.affinity_ok:
+                    findings.append(Finding(other.key, "not restored: the block's affinity is not this host's"))
+                    continue
+                restored = _generic(other, now.get(other.key), findings)
+                already += restored is True
+                writes += [restored] if isinstance(restored, Write) else []
+            if writes:
+                steps += _chunks(f"restore block {_parse(change.before)['cidr']}", writes)
+    rest: list[Write] = []
+    for change in sorted(generic, key=lambda c: -c.step):  # the host's identity before what hangs on it
+        restored = _generic(change, now.get(change.key), findings)
+        already += restored is True
+        rest += [restored] if isinstance(restored, Write) else []
+    steps += _chunks("restore the host's keys", rest)
+    return HostRestore(host.name, tuple(steps), tuple(findings), already)
