@@ -173,6 +173,9 @@ def render_text(report: dict[str, Any]) -> str:
     if health:
         lines += ["", f"network health: {health['status']}"]
         lines += [f"  - {advice}" for advice in health["recommendations"]]
+    if report.get("kept_as"):
+        undo = f"`calico-gc restore {report['run_id']}` undoes this run"
+        lines += ["", f"report kept in ConfigMap {report['kept_as']}: {undo}"]
     if report["mode"] == "dry-run" and report["summary"]["would_delete"]:
         lines += ["", "dry run: nothing was written; --apply (CALICO_GC_APPLY=true) deletes what is listed above"]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,8 @@ class HostOutcome:
     action: str
     written: list[Write] = field(default_factory=list)
     planned: list[Write] = field(default_factory=list)
-    plan: HostRestore | None = None
+    plan: HostRestore | None = None  # the last plan: what could not be restored
+    already: int = 0  # keys already as the run found them before this restore began
     error: str | None = None
 
 
@@ -53,6 +54,8 @@ def _restore_host(host: RemovedHost, deps: Dependencies, addresses: Mapping[str,
     keys = host.keys()
     for _ in range(MAX_STEPS_PER_KEY * max(len(keys), 1)):
         plan = plan_host(host, deps.datastore.current(keys), addresses)
+        if outcome.plan is None:
+            outcome.already = plan.already
         outcome.plan = plan
         if plan.refused:
             outcome.action = "refused"
@@ -90,9 +93,10 @@ def restore(
     errors: list[dict[str, str]] = []
     code = ExitCode.OK
     structlog.contextvars.bind_contextvars(run_id=deps.run_id)
-    log.info("restore_started", source=source.get("run_id"), mode="apply" if config.apply else "dry-run")
+    log.info("restore_started", mode="apply" if config.apply else "dry-run")
     try:
         source = load()
+        log.info("restore_source", source=source.get("run_id"), schema=source.get("schema"))
         problem = _source_problem(source, deps.datastore.type)
         if problem is not None:
             raise ReportShapeError(problem)
@@ -113,9 +117,9 @@ def restore(
         errors.append({"kind": error.kind, "message": str(error)})
         code = ExitCode.USAGE if error.kind in USAGE_KINDS else ExitCode.ERROR
     unfinished = any(o.action in ("failed", "refused") for o in outcomes)
-    conflicts = config.apply and any(o.plan and o.plan.conflicts for o in outcomes)
+    conflicts = any(o.plan and o.plan.conflicts for o in outcomes)
     if code == ExitCode.OK and (unfinished or conflicts):
-        code = ExitCode.PARTIAL_FAILURE  # something of the run could not be put back
+        code = ExitCode.PARTIAL_FAILURE  # something of the run could not (or would not) be put back
     if deps.stopping.is_set() and code in (ExitCode.OK, ExitCode.PARTIAL_FAILURE):
         code = ExitCode.INTERRUPTED
     document = _document(config, deps, source, started, outcomes, errors, int(code))
@@ -125,7 +129,10 @@ def restore(
 
 def _restore_all(hosts: tuple[RemovedHost, ...], deps: Dependencies, apply: bool) -> list[HostOutcome]:
     inventory = deps.datastore.read()
-    addresses = {ip: h.name for h in inventory.hosts for ip in (h.ipv4, h.ipv6) if ip}
+    # Who holds each node address now: a Kubernetes Node whose calico-node cannot start yet has
+    # no Calico host, and is exactly the node a restored orphan would break again.
+    addresses = {ip: n.name for n in deps.nodes.list_nodes() for ip in n.internal_ips}
+    addresses |= {ip: h.name for h in inventory.hosts for ip in (h.ipv4, h.ipv6) if ip}
     outcomes = []
     halted: str | None = None
     for host in hosts:
@@ -167,7 +174,7 @@ def _document(
             "name": o.name,
             "action": o.action,
             "changes": [_change(w) for w in (o.written if config.apply else o.planned)],
-            "already": o.plan.already if o.plan else 0,
+            "already": o.already,
             "conflicts": [{"key": f.key, "message": f.message} for f in o.plan.conflicts] if o.plan else [],
         }
         if o.error or (o.plan and o.plan.refused):

@@ -1,5 +1,5 @@
 """Pure planning of a restore: put back what a kept report says a run removed, and nothing
-that has moved on since (docs/restore.md).
+that has moved on since (README, "Kept reports and restore"; docs/calico-data.md, "Restore").
 
 - A key the run deleted is created again only while it is absent. Present with the value the
   run removed, it is already back; present with another value, it is a conflict.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ class Change:
 @dataclass(frozen=True)
 class RemovedHost:
     name: str
+    k8s_node: str | None  # the Kubernetes Node it was linked to (the same machine, if it is back)
     ipv4: str | None
     ipv6: str | None
     changes: tuple[Change, ...]
@@ -65,10 +66,11 @@ class RemovedHost:
 
 @dataclass(frozen=True)
 class Finding:
-    """A key that is not restored, and why."""
+    """A key that is not restored, and why; `ip` when an address was allocated again since."""
 
     key: str
     message: str
+    ip: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ def removed_hosts(report: Mapping[str, Any], only: Iterable[str] = ()) -> tuple[
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ReportShapeError(f"host {entry.get('name')!r}: a change lacks {error}") from None
-        removed.append(RemovedHost(str(entry["name"]), entry.get("ipv4"), entry.get("ipv6"), changes))
+        name, link = str(entry["name"]), entry.get("k8s_node")
+        removed.append(RemovedHost(name, link, entry.get("ipv4"), entry.get("ipv6"), changes))
     missing = wanted - {host.name for host in removed}
     if missing:
         raise ReportShapeError(f"the report removed nothing of {', '.join(sorted(missing))}")
@@ -187,7 +190,8 @@ def _restore_block(host: str, change: Change, now: StoredItem | None, findings: 
             free[ordinal] = attribute
         elif current_attributes[index] != attribute:
             holder = current_attributes[index].get("handle_id")
-            findings.append(Finding(change.key, f"{network[ordinal]} was allocated again since (handle {holder})"))
+            ip = str(network[ordinal])
+            findings.append(Finding(change.key, f"{ip} was allocated again since (handle {holder})", ip))
     new = allocate(current, free)
     affinity_ok = False
     if wants_affinity:
@@ -231,10 +235,32 @@ def _raised_handle(change: Change, now: StoredItem | None, block: _Block, hid: s
     return Write(change.key, now.revision, dump({**current, "block": counts}), now.value)
 
 
-def _generic(change: Change, now: StoredItem | None, findings: list[Finding]) -> Write | bool | None:
-    """The write that puts a non-IPAM key back; True when it already is, None when it cannot be."""
+def _addresses(value: Any) -> Iterator[str]:
+    """Every IP address a JSON value names (`10.0.0.5`, `10.0.0.5/32`), wherever it is."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            yield from _addresses(item)
+    elif isinstance(value, str) and (value[:1].isdigit() or ":" in value):
+        try:
+            yield str(ipaddress.ip_interface(value).ip)
+        except ValueError:
+            return
+
+
+def _generic(
+    change: Change, now: StoredItem | None, findings: list[Finding], taken: Collection[str] = ()
+) -> Write | bool | None:
+    """The write that puts a non-IPAM key back; True when it already is, None when it cannot be.
+    A key that names an address in `taken` (allocated to someone else since) stays away: a
+    workload endpoint brought back with another pod's IP would make two owners of it."""
     if change.before is None:
         findings.append(Finding(change.key, "the report holds no value from before"))
+        return None
+    clash = sorted(set(taken).intersection(_addresses(_parse(change.before))))
+    if clash:
+        findings.append(Finding(change.key, f"not restored: it names {', '.join(clash)}, allocated again since"))
         return None
     current = now.value if now is not None else None
     if _same(current, change.before):
@@ -257,12 +283,12 @@ def _chunks(purpose: str, writes: Sequence[Write]) -> list[Step]:
 
 
 def plan_host(host: RemovedHost, now: Mapping[str, StoredItem], addresses: Mapping[str, str]) -> HostRestore:
-    """What is left to restore of one host, given its keys as they are now (`now`) and which host
-    holds each node address now (`addresses`)."""
+    """What is left to restore of one host, given its keys as they are now (`now`) and who holds
+    each node address now (`addresses`: Calico hosts and Kubernetes Nodes by name)."""
     for address in (host.ipv4, host.ipv6):
         holder = addresses.get(address or "")
-        if holder is not None and holder != host.name:
-            why = f"its address {address} belongs to host {holder} now; restoring it would start the IP clash over"
+        if holder is not None and holder not in (host.name, host.k8s_node):
+            why = f"its address {address} belongs to {holder} now; restoring it would start the IP clash over"
             return HostRestore(host.name, refused=why)
     findings: list[Finding] = []
     handles: dict[str, Change] = {}
@@ -304,8 +330,9 @@ def plan_host(host: RemovedHost, now: Mapping[str, StoredItem], addresses: Mappi
             if writes:
                 steps += _chunks(f"restore block {_parse(change.before)['cidr']}", writes)
     rest: list[Write] = []
+    taken = {f.ip for f in findings if f.ip}
     for change in sorted(generic, key=lambda c: -c.step):  # the host's identity before what hangs on it
-        restored = _generic(change, now.get(change.key), findings)
+        restored = _generic(change, now.get(change.key), findings, taken)
         already += restored is True
         rest += [restored] if isinstance(restored, Write) else []
     steps += _chunks("restore the host's keys", rest)

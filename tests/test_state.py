@@ -72,7 +72,7 @@ def test_a_state_path_that_cannot_be_used_is_a_clear_error(harness: Harness, app
 
 def test_the_configmap_store_builds_on_its_own_write(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
-    config = harness.config(apply=True)  # grace 0: one save before deleting, one after
+    config = harness.config(apply=True, keep_reports=0)  # grace 0: one save before deleting, one after
     store = ConfigMapStateStore(Kube(api_client(config), harness.retry), "calico-gc", "calico-gc-state")
     report, code = harness.run(config, state=store)
     assert code == 0 and report["summary"]["deleted"] == 2 and grace_errors(report) == []

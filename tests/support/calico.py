@@ -255,3 +255,29 @@ def ipam_problems(values: dict[str, str]) -> list[str]:
         if handles.get(handle) != held.get(handle):
             problems.append(f"handle {handle}: counts {handles.get(handle)}, blocks hold {held.get(handle)}")
     return problems
+
+
+BLOCK_BOOKKEEPING = ("allocations", "attributes", "unallocated", "sequenceNumber", "sequenceNumberForAllocation")
+
+
+def semantic(values: dict[str, str]) -> dict[str, Any]:
+    """Values as Calico reads them: a block as its affinity and each allocated ordinal's
+    attribute (not the attributes' order, nor the sequence numbers a write bumps), any other JSON
+    value parsed. Two datastores equal under this hold the same IPAM and the same resources."""
+    seen: dict[str, Any] = {}
+    for key, text in values.items():
+        try:
+            value = json.loads(text)
+        except ValueError:
+            seen[key] = text
+            continue
+        if isinstance(value, dict) and isinstance(value.get("allocations"), list):
+            attributes = value.get("attributes") or []
+            rest = {k: v for k, v in value.items() if k not in BLOCK_BOOKKEEPING}
+            value = {
+                **rest,
+                "owners": {o: attributes[i] for o, i in enumerate(value["allocations"]) if i is not None},
+                "free": sorted(value.get("unallocated") or []),
+            }
+        seen[key] = value
+    return seen

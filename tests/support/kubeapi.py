@@ -300,6 +300,9 @@ class KubeApiServer:
                 return 400, status_body(400, "metadata.name or generateName is required")
             if new_name in items:
                 return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
+            if metadata.get("resourceVersion"):  # as the real storage layer refuses it
+                return 500, status_body(500, "resourceVersion should not be set on objects to be created")
+            metadata.pop("uid", None)  # the server assigns identity on create, whatever was sent
             return 201, self.put(collection, payload)
         if name is None:
             return 405, status_body(405, "method not allowed")

@@ -1,0 +1,92 @@
+"""`calico-gc restore` on Calico 2.x's etcd v2 and on the Kubernetes datastore: a run undone
+from its kept report gives back the same data, and an IP allocated again since stays with its
+new owner (the etcd v3 cases in detail: tests/test_restore.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conftest import Harness
+from tests.support import calico, calico2
+from tests.support.calico2 import CONFLICT_ORPHAN, NEW_NODE, ORPHAN
+from tests.test_etcdv2 import seeded
+from tests.test_kdd import CRD, GONE, kdd, seed_kdd, snapshot
+
+
+def v2_values(harness: Harness) -> dict[str, str]:
+    return {k: v for k, (v, _) in calico2.dump(harness.etcd.url).items()}
+
+
+def test_etcd_v2_restore_gives_back_the_calico_2_hosts(harness: Harness) -> None:
+    seeded(harness)
+    before = v2_values(harness)
+    directories = calico2.directories(harness.etcd.url)
+    report, code = harness.run(harness.config(datastore_type="etcdv2", apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2 and report["kept_as"]
+    assert not any(f"/{ORPHAN}/" in key for key in v2_values(harness))
+    harness.kubeapi.delete_node(NEW_NODE)  # else the orphan that held its address is refused
+    dry, code = harness.restore(harness.config(datastore_type="etcdv2"))
+    assert code == 0 and dry["summary"]["would_restore"] == 2
+    document, code = harness.restore(harness.config(datastore_type="etcdv2", apply=True))
+    assert code == 0, document
+    after = v2_values(harness)
+    assert calico.semantic(after) == calico.semantic(before)
+    assert calico.ipam_problems(after) == []
+    # The host trees come back whole: orchestrator_refs too, so the hosts are linked again.
+    assert f"/calico/v1/host/{ORPHAN}/orchestrator_refs" in after
+    assert f"/calico/v1/host/{CONFLICT_ORPHAN}/metadata" in after
+    assert calico2.directories(harness.etcd.url) >= {d for d in directories if ORPHAN in d}
+    again, code = harness.restore(harness.config(datastore_type="etcdv2", apply=True))
+    assert code == 0 and {h["action"] for h in again["hosts"]} == {"nothing_to_restore"}
+
+
+def kdd_state(harness: Harness) -> dict[str, Any]:
+    """Every Calico object as Calico reads it: IPAM by ordinal, the rest by spec and labels."""
+    objects = snapshot(harness.kubeapi)
+    specs = calico.semantic({key: json.dumps(obj.get("spec")) for key, obj in objects.items()})
+    return {key: (specs[key], obj["metadata"].get("labels")) for key, obj in objects.items()}
+
+
+def test_kubernetes_datastore_restore_gives_back_the_gone_nodes_ipam_and_config(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    before = kdd_state(harness)
+    old = harness.kubeapi.get(f"{CRD}/felixconfigurations", f"node.{GONE}")
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 1
+    assert not any(GONE in key for key in snapshot(harness.kubeapi))
+    document, code = harness.restore(kdd(harness, apply=True))
+    assert code == 0, document
+    assert kdd_state(harness) == before
+    # Created anew: nothing the server assigned to the old objects is sent back.
+    restored = harness.kubeapi.get(f"{CRD}/felixconfigurations", f"node.{GONE}")
+    assert old is not None and restored is not None
+    assert restored["metadata"]["uid"] != old["metadata"]["uid"]
+    posted = [p for m, p in harness.kubeapi.requests if m == "POST" and p.startswith(CRD)]
+    assert f"{CRD}/felixconfigurations" in posted and f"{CRD}/ipamblocks" in posted
+    again, code = harness.restore(kdd(harness, apply=True))
+    assert code == 0 and {h["action"] for h in again["hosts"]} == {"nothing_to_restore"}
+
+
+def test_kubernetes_datastore_restore_leaves_an_ip_allocated_again_since(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    harness.run(kdd(harness, apply=True))
+    # cart-2 borrowed 100.96.1.40 from live-a's block; a new pod of live-a has it now.
+    block = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26")
+    assert block is not None and block["spec"]["allocations"][40] is None
+    block["spec"]["attributes"].append({"handle_id": "k8s-pod-network.newcomer", "secondary": {"node": "live-a"}})
+    block["spec"]["allocations"][40] = len(block["spec"]["attributes"]) - 1
+    block["spec"]["unallocated"].remove(40)
+    harness.kubeapi.put(f"{CRD}/ipamblocks", block)
+    document, code = harness.restore(kdd(harness, apply=True))
+    assert code == 4
+    assert [c["message"] for c in document["hosts"][0]["conflicts"]] == [
+        "100.96.1.40 was allocated again since (handle k8s-pod-network.newcomer)"
+    ]
+    now = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26")
+    assert now is not None
+    spec = now["spec"]
+    assert spec["attributes"][spec["allocations"][40]]["handle_id"] == "k8s-pod-network.newcomer"
+    # The gone node's own blocks and affinities are back all the same.
+    assert harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-9-0-26") is not None
+    assert harness.kubeapi.get(f"{CRD}/blockaffinities", f"{GONE}-100-96-9-0-26") is not None
