@@ -34,6 +34,7 @@ from tests.support.kubeapi import KubeApiServer
 from tests.support.scenario import Scenario
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
+RESTORE_SCHEMA = json.loads(SCHEMA_PATH.with_name("restore.schema.json").read_text())
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
@@ -143,6 +144,7 @@ class Harness:
             keep(config, deps, document)
         finally:
             deps.datastore.close()
+        jsonschema.validate(document, RESTORE_SCHEMA)
         return document, code
 
     def dump(self) -> dict[str, tuple[str, int]]:

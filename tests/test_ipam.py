@@ -242,3 +242,28 @@ def test_handles_of_released_ips_are_deleted_or_decremented() -> None:
 )
 def test_top_level_spec_is_taken_only_when_it_is_certainly_the_top_level_member(text: str, expected: object) -> None:
     assert _top_level_spec(text) == expected
+
+
+def test_allocate_is_the_inverse_of_release_and_adds_no_field_calico_2_lacks() -> None:
+    from job.ipam import allocate, release
+
+    block = {
+        "cidr": "10.0.0.0/30",
+        "affinity": "host:a",
+        "allocations": [0, 1, None, 0],
+        "unallocated": [2],
+        "attributes": [{"handle_id": "h1"}, {"handle_id": "h2"}],
+        "sequenceNumber": 7,
+        "sequenceNumberForAllocation": {"0": 1, "1": 2, "3": 3},
+    }
+    freed, _ = release(block, {1, 3})
+    back = allocate(freed, {1: {"handle_id": "h2"}, 3: {"handle_id": "h1"}})
+    owners = {o: back["attributes"][i] for o, i in enumerate(back["allocations"]) if i is not None}
+    assert owners == {0: {"handle_id": "h1"}, 1: {"handle_id": "h2"}, 3: {"handle_id": "h1"}}
+    assert sorted(back["unallocated"]) == [2] and len(back["attributes"]) == 2  # h1 shared again
+    assert back["sequenceNumber"] == 9 and back["sequenceNumberForAllocation"] == {"0": 1, "1": 8, "3": 8}
+    taken = allocate(freed, {0: {"handle_id": "other"}})  # ordinal 0 is allocated: left as it is
+    assert taken == freed
+    calico2 = {k: v for k, v in block.items() if not k.startswith("sequence")}
+    back2 = allocate(release(calico2, {1})[0], {1: {"handle_id": "h2"}})
+    assert set(back2) == set(calico2)

@@ -158,6 +158,7 @@ def test_list_show_and_restore_from_the_command_line(
     assert shown["run_id"] == run_id and shown["summary"]["deleted"] == 2
     assert main(["reports", "show", "nosuchrun"], env) == 2
     assert "no kept report of run 'nosuchrun'" in capsys.readouterr().err
+    harness.kubeapi.delete_node(s.NEW_NODE)  # else the orphan that held its address is refused
     # CALICO_GC_APPLY does not make a restore write: only its own --apply does.
     assert main(["restore", run_id, *common], {**env, "CALICO_GC_APPLY": "true"}) == 0
     text = capsys.readouterr().out

@@ -27,7 +27,8 @@ def test_the_wheel_has_the_command_the_schema_and_the_one_version(tmp_path: Path
     assert wheel.name.startswith(f"calico_gc-{__version__}-")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        assert {"job/report.schema.json", "job/cli.py", "job/datastores/etcd_http.py"} <= names
+        shipped = {"job/report.schema.json", "job/restore.schema.json", "job/cli.py", "job/datastores/etcd_http.py"}
+        assert shipped <= names
         (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
         assert "calico-gc = job.cli:console" in archive.read(entry_points).decode()
         (metadata,) = [n for n in names if n.endswith("METADATA")]

@@ -237,3 +237,22 @@ def test_a_restore_cut_short_at_any_write_is_finished_by_the_next_one(
         assert calico.ipam_problems(after) == [], f"cut at commit {at}"
         at += 1
     assert at > 5  # the restore took several steps, each of them was cut once
+
+
+def test_a_stop_signal_before_a_host_leaves_it_untouched_and_exits_143(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    collected(harness)
+    after_gc = harness.dump()
+    real = harness.dependencies
+
+    def stopped(config: Any, **kwargs: Any) -> Any:
+        deps = real(config, **kwargs)
+        deps.stopping.set()  # SIGTERM arrived before the first host
+        return deps
+
+    monkeypatch.setattr(harness, "dependencies", stopped)
+    document, code = harness.restore(harness.config(apply=True))
+    assert code == 143 and document["outcome"] == "interrupted"
+    assert {(h["action"], h.get("error")) for h in document["hosts"]} == {("skipped", "interrupted")}
+    assert harness.dump() == after_gc
