@@ -18,6 +18,17 @@ NEXT_STEP = (
 )
 
 
+def _within(
+    block: ipaddress.IPv4Network | ipaddress.IPv6Network, pool: ipaddress.IPv4Network | ipaddress.IPv6Network
+) -> bool:
+    """Whether a block lies in a pool; never across IP versions (a dual-stack cluster has both)."""
+    if isinstance(block, ipaddress.IPv4Network) and isinstance(pool, ipaddress.IPv4Network):
+        return block.subnet_of(pool)
+    if isinstance(block, ipaddress.IPv6Network) and isinstance(pool, ipaddress.IPv6Network):
+        return block.subnet_of(pool)
+    return False
+
+
 def ipam_audit(inventory: Inventory, live_nodes: Set[str]) -> dict[str, Any]:
     leaked: list[dict[str, str]] = []
     referenced: set[str] = set()
@@ -56,7 +67,7 @@ def ipam_audit(inventory: Inventory, live_nodes: Set[str]) -> dict[str, Any]:
     pools = []
     for cidr in inventory.pools:
         pool = ipaddress.ip_network(cidr, strict=False)
-        inside = [b.cidr for b in inventory.blocks if ipaddress.ip_network(b.cidr).subnet_of(pool)]  # type: ignore[arg-type]
+        inside = [b.cidr for b in inventory.blocks if _within(ipaddress.ip_network(b.cidr), pool)]
         used = sum(allocated[c] for c in inside)
         pools.append(
             {

@@ -4,6 +4,7 @@ per-node IPAM and config left behind by a deleted node, removed as Calico would;
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 from datetime import timedelta
 from typing import Any
@@ -261,3 +262,31 @@ def test_the_audit_counts_leaks_on_live_nodes_empty_handles_and_pool_use(harness
     (pool,) = audit["pools"]
     assert (pool["cidr"], pool["blocks"], pool["allocated"]) == ("100.96.0.0/16", 4, 8)
     assert "calicoctl ipam check" in audit["next_step"]
+
+
+def test_dual_stack_pools_are_audited_and_the_gone_nodes_ipv6_block_goes_too(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    ipam = CalicoSeed()
+    for cidr, host, ip, pod in [
+        ("fd00:96::/122", LIVE_A, "fd00:96::5", "web-a"),
+        ("fd00:96::40/122", GONE, "fd00:96::45", "cart-1"),
+    ]:
+        ipam.block(cidr, host)
+        ipam.allocate(ip, f"k8s-pod-network.{pod}-v6", host, pod=pod, namespace="shop")
+        name = f"{host}-{cidr_name(str(ipaddress.ip_network(cidr)))}"
+        spec = {"cidr": cidr, "node": host, "state": "confirmed", "deleted": "false", "type": "host"}
+        harness.kubeapi.put(f"{CRD}/blockaffinities", {"metadata": {"name": name}, "spec": spec})
+    for cidr, block in ipam.blocks.items():
+        harness.kubeapi.put(f"{CRD}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
+    for handle_id, handle in ipam.handles.items():
+        body = {"metadata": {"name": handle_id.lower()}, "spec": {"handleID": handle_id, **copy.deepcopy(handle)}}
+        harness.kubeapi.put(f"{CRD}/ipamhandles", body)
+    v6_pool = {"metadata": {"name": "default-ipv6-ippool"}, "spec": {"cidr": "fd00:96::/48"}}
+    harness.kubeapi.put(f"{CRD}/ippools", v6_pool)
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0, report["errors"]
+    pools = {p["cidr"]: (p["blocks"], p["allocated"]) for p in report["audit"]["pools"]}
+    assert pools == {"100.96.0.0/16": (4, 8), "fd00:96::/48": (2, 2)}
+    left = snapshot(harness.kubeapi)
+    assert "ipamblocks/fd00-96---40-122" not in left and "ipamblocks/fd00-96---122" in left
+    assert not any(GONE in key for key in left)
