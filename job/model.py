@@ -99,6 +99,9 @@ class CalicoHost:
     # orchestrator_refs): deleted last, after the Node, so that a run that dies before them
     # still finds the host, and its link, next time.
     link_keys: tuple[StoredItem, ...] = ()
+    # False for a name the etcd datastores hold data for (IPAM, endpoints, status) but no Calico
+    # Node: what a hand-run clean-up that deleted only the Node leaves. Its name is its link.
+    registered: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from job.model import (
 K8S_NODE_MISSING = "k8s_node_missing"
 NAME_NOT_IN_K8S = "name_not_in_k8s"
 NO_K8S_ORCHREF = "no_k8s_orchref"
+NO_CALICO_NODE = "no_calico_node"  # IPAM (or other per-host data) under a name with no Calico Node
 EXCLUDED = "excluded"
 FELIX_ALIVE = "felix_alive"
 MALFORMED_DATA = "malformed_data"
@@ -47,7 +48,7 @@ def k8s_link(host: CalicoHost, config: Config) -> str | None:
     """The Kubernetes Node name whose absence makes this host an orphan, if there is one."""
     if host.k8s_node:
         return host.k8s_node
-    return host.name if config.unreferenced == "match-name" else None
+    return host.name if config.unreferenced == "match-name" or not host.registered else None
 
 
 def _classify(
@@ -70,6 +71,8 @@ def _classify(
                 skipped.append(HostDecision(host, Action.SKIPPED, NO_K8S_ORCHREF))
         elif link in k8s_names:
             live += 1
+        elif not host.registered:
+            orphans.append(Orphan(host, NO_CALICO_NODE))
         else:
             orphans.append(Orphan(host, K8S_NODE_MISSING if host.k8s_node else NAME_NOT_IN_K8S))
     return orphans, skipped, live
@@ -126,9 +129,10 @@ def check_guards(
             )
         )
         return tuple(guards)
-    referenced = {h.k8s_node or h.name for h in inventory.hosts} | {h.name for h in inventory.hosts}
+    registered = [h for h in inventory.hosts if h.registered]
+    referenced = {h.k8s_node or h.name for h in registered} | {h.name for h in registered}
     covered = sum(1 for node in kube_nodes if node.name in referenced)
-    if inventory.hosts_registered and not inventory.hosts:
+    if inventory.hosts_registered and not registered:
         guards.append(
             GuardFinding(
                 "foreign_datastore",

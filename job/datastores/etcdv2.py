@@ -10,12 +10,13 @@ order, and a failed compare stops the step so that the planner decides again fro
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from job.config import Config
 from job.datastores.base import DatastoreError
 from job.datastores.etcd_http import EtcdHttp
-from job.datastores.etcdv3 import Collected, bare_ip, collect_key, k8s_node_name
+from job.datastores.etcdv3 import Collected, bare_ip, collect_key, k8s_node_name, unregistered_names
 from job.model import CREATE, CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint, Write
 from job.retry import RetryPolicy
 
@@ -23,8 +24,11 @@ HOSTS = "/calico/v1/host/"
 BGP_HOSTS = "/calico/bgp/v1/host/"
 FELIX_HOSTS = "/calico/felix/v1/host/"
 IPAM_HOSTS = "/calico/ipam/v2/host/"
-# Every subtree one run reads, each with one recursive GET (the v2 API does not page).
-TREES = (HOSTS, BGP_HOSTS, FELIX_HOSTS, "/calico/ipam/v2/assignment/", IPAM_HOSTS, "/calico/ipam/v2/handle/")
+# Every subtree one run reads, each with one recursive GET (the v2 API does not page, nor pin a
+# revision across GETs). The host trees, which hold the identity (`metadata`), come last: a host
+# that registers while the others are read is then seen with its identity, never as a name with
+# IPAM but no Calico host.
+TREES = ("/calico/ipam/v2/assignment/", IPAM_HOSTS, "/calico/ipam/v2/handle/", BGP_HOSTS, FELIX_HOSTS, HOSTS)
 CLUSTER_GUID = "/calico/v1/config/ClusterGUID"
 READY = "/calico/v1/Ready"
 COMPARE_FAILED = 412
@@ -47,18 +51,57 @@ def _leaves(node: dict[str, Any]) -> Iterator[StoredItem]:
         yield StoredItem(node["key"], int(node.get("modifiedIndex", 0)), node.get("value", ""))
 
 
-def _empty_tree_host(name: str, tree: list[StoredItem]) -> CalicoHost:
-    """A host of which only empty directories are left: a run that deleted its last key died
-    before pruning them. Deleting them is what that run would have done next; an empty
-    directory is the only thing `dir=true` can delete, so nothing written meanwhile is lost."""
-    directories: set[str] = set()
-    for item in tree:
-        root = next(r for r in HOST_ROOTS if item.key.startswith(r))
-        parts = item.key[len(root) :].rstrip("/").split("/")
-        directories |= {root + "/".join(parts[:depth]) + "/" for depth in range(1, len(parts) + 1)}
-    # Deepest first: a directory goes only once it is empty.
-    owned = tuple(StoredItem(d, 0, "") for d in sorted(directories, key=lambda d: (-d.count("/"), d)))
-    return CalicoHost(name, None, name, owned=owned)
+def _host_directories(name: str, keys: list[str]) -> tuple[StoredItem, ...]:
+    """The directories under the host roots that hold `keys` (keys, or empty directories ending
+    with "/"), deepest first: `dir=true` deletes a directory only once it is empty."""
+    found: set[str] = set()
+    for key in keys:
+        root = next((r for r in HOST_ROOTS if key.startswith(r + name + "/") or key == r + name + "/"), None)
+        if root is None:
+            continue
+        parts = key[len(root) :].rstrip("/").split("/")
+        depth = len(parts) if key.endswith("/") else len(parts) - 1
+        found |= {root + "/".join(parts[:level]) + "/" for level in range(1, depth + 1)}
+    return tuple(StoredItem(d, 0, "") for d in sorted(found, key=lambda d: (-d.count("/"), d)))
+
+
+def _unregistered_host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost:
+    """Data under a name with no `metadata` or `orchestrator_refs` (docs/calico-data.md,
+    "IPAM-only hosts"): what a hand-run clean-up that deleted only `/calico/v1/host/<name>/metadata`
+    leaves (its IPAM, endpoints, BGP and Felix keys), or a run that died before pruning the empty
+    directories. Its keys go, then its directories, deepest first; nothing written meanwhile is
+    lost, since `dir=true` cannot delete a directory that holds a key."""
+    keys = sorted((item for item in tree if item.value is not None), key=lambda i: i.key)
+    endpoints = [e for e in map(partial(_endpoint, name, collected), keys) if e is not None]
+    owned = [item for item in keys if not any(e.item is item for e in endpoints)]
+    affinities = tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key))
+    directories = _host_directories(name, [i.key for i in tree] + [a.item.key for a in affinities])
+    return CalicoHost(
+        name,
+        None,
+        None,
+        felix_alive=f"{FELIX_HOSTS}{name}/status" in {i.key for i in keys},
+        workload_endpoints=tuple(endpoints),
+        affinities=affinities,
+        owned=(*owned, *directories),
+        registered=False,
+    )
+
+
+def _endpoint(name: str, collected: Collected, item: StoredItem) -> WorkloadEndpoint | None:
+    """A workload endpoint key of host `name` (`.../workload/<orch>/<id>/endpoint/<ep>`), else None."""
+    own = f"{HOSTS}{name}/"
+    parts = item.key[len(own) :].split("/") if item.key.startswith(own) else []
+    if not (len(parts) == 5 and parts[0] == "workload" and parts[3] == "endpoint"):
+        return None
+    value = collected.json(item)
+    nets = [
+        n
+        for field in ("ipv4_nets", "ipv6_nets")
+        for n in (value.get(field) or [] if isinstance(value, dict) else [])
+        if isinstance(n, str)
+    ]
+    return WorkloadEndpoint(item, name, tuple(n.split("/", 1)[0] for n in nets))
 
 
 def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Inventory:
@@ -77,21 +120,16 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
         else:
             collect_key(collected, item)  # IPAM: blocks, affinities, handles
     hosts: list[CalicoHost] = []
+    leftovers: dict[str, list[StoredItem]] = {}
     for name, tree in sorted(trees.items()):
-        keys = [item for item in tree if item.value is not None]  # empty directories aside
-        if not keys:
-            if not collected.affinities.get(name):
-                hosts.append(_empty_tree_host(name, tree))
-            continue
-        host = _host(name, keys, collected)
+        host = _host(name, [item for item in tree if item.value is not None], collected)
         if host is None:
-            collected.problem(
-                "no_calico_node", name, "data stored for a host that has no metadata key; reported, not touched"
-            )
+            leftovers[name] = tree
         else:
             hosts.append(host)
-    for name in sorted(set(collected.affinities) - {h.name for h in hosts}):
-        collected.problem("no_calico_node", name, "IPAM affinities of a host that has no metadata key")
+    registered = {host.name for host in hosts}
+    for name in sorted(unregistered_names(collected, registered) | set(leftovers) - registered):
+        hosts.append(_unregistered_host(name, leftovers.get(name, []), collected))
     return Inventory(
         hosts=tuple(hosts),
         blocks=tuple(collected.blocks),
@@ -114,22 +152,11 @@ def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost
     for item in sorted(tree, key=lambda i: i.key):
         if item is metadata or item is refs:
             continue
-        parts = item.key[len(own) :].split("/") if item.key.startswith(own) else []
-        if len(parts) == 5 and parts[0] == "workload" and parts[3] == "endpoint":
-            value = collected.json(item)
-            nets = (
-                [
-                    n
-                    for field in ("ipv4_nets", "ipv6_nets")
-                    for n in (value or {}).get(field) or []
-                    if isinstance(n, str)
-                ]
-                if isinstance(value, dict)
-                else []
-            )
-            endpoints.append(WorkloadEndpoint(item, name, tuple(n.split("/", 1)[0] for n in nets)))
-            continue
-        owned.append(item)
+        endpoint = _endpoint(name, collected, item)
+        if endpoint is not None:
+            endpoints.append(endpoint)
+        else:
+            owned.append(item)
     if refs is not None:
         k8s_node = k8s_node_name(collected, refs.key, collected.json(refs))
     bgp = f"{BGP_HOSTS}{name}/"

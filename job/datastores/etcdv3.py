@@ -22,7 +22,7 @@ from typing import Any
 from job.config import Config
 from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.datastores.etcd_http import EtcdHttp
-from job.ipam import block_shape_problem, summarize_block
+from job.ipam import block_shape_problem, summarize_block, tunnel_handle_node
 from job.model import (
     BlockAffinity,
     CalicoHost,
@@ -316,6 +316,31 @@ def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
     )
 
 
+def unregistered_names(collected: Collected, registered: set[str]) -> set[str]:
+    """Names that data is stored for (IPAM affinities, blocks, allocations, tunnel handles,
+    endpoints, per-node config, status) but that have no Calico Node."""
+    named = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
+    named |= {b.affine_host for b in collected.blocks if b.affine_host}
+    named |= {owner for b in collected.blocks for owner in b.owners.values() if owner}
+    named |= {node for node in map(tunnel_handle_node, collected.handles) if node}
+    return named - registered
+
+
+def _unregistered(name: str, collected: Collected) -> CalicoHost:
+    """A name with data but no Calico Node (docs/calico-data.md, "IPAM-only hosts"): removed
+    like a host once no Kubernetes Node has that name, minus the Node it does not have."""
+    return CalicoHost(
+        name,
+        None,
+        None,
+        workload_endpoints=tuple(sorted(collected.endpoints.pop(name, ()), key=lambda e: e.item.key)),
+        affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
+        owned=tuple(sorted(collected.owned.pop(name, ()), key=lambda i: i.key)),
+        felix_alive=name in collected.felix_alive,
+        registered=False,
+    )
+
+
 def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) -> Inventory:
     """Turn etcd key-values into the shared model. Pure; unknown shapes become problems.
 
@@ -324,14 +349,10 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
     collected = Collected()
     for item in items:
         collect_key(collected, item)
-    hosts = tuple(_host(name, node, collected) for name, node in sorted(collected.nodes.items()))
-    dangling = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
-    for name in sorted(dangling):
-        collected.problem(
-            "no_calico_node", name, "data stored for a host that has no Calico Node; reported, not touched"
-        )
+    hosts = [_host(name, node, collected) for name, node in sorted(collected.nodes.items())]
+    hosts += [_unregistered(name, collected) for name in sorted(unregistered_names(collected, set(collected.nodes)))]
     return Inventory(
-        hosts=hosts,
+        hosts=tuple(hosts),
         blocks=tuple(collected.blocks),
         handles=collected.handles,
         malformed_blocks=tuple(collected.malformed_blocks),
@@ -393,7 +414,8 @@ class EtcdV3Datastore:
         start = prefix
         while True:
             response = self._range(start, end, revision)
-            revision = int(response["header"]["revision"])
+            if revision is None:  # the header says the store's current revision, not the one asked for
+                revision = int(response["header"]["revision"])
             kvs = response.get("kvs", [])
             yield kvs, revision
             if not (response.get("more") and kvs and end is not None):
@@ -446,7 +468,7 @@ class EtcdV3Datastore:
 
     def read(self) -> Inventory:
         inventory = self._read()
-        if not inventory.hosts and self._explain_empty is not None and self._explain_empty():
+        if not any(h.registered for h in inventory.hosts) and self._explain_empty is not None and self._explain_empty():
             raise DatastoreMismatch(
                 "the etcd v3 keyspace holds no Calico hosts but the etcd v2 keyspace does: this looks like "
                 "Calico 2.x; set DATASTORE_TYPE=etcdv2 (or --datastore-type etcdv2)"
