@@ -42,6 +42,21 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool) -> 
         ("calico_gc_webhooks_blocking", "webhooks_blocking", "Fail-closed webhooks blocking calico-node"),
     ):
         Gauge(name, text, registry=registry).set(counts.get(key, 0))
+    audit = report.get("audit") or {}
+    for name, key, text in (
+        ("calico_gc_ipam_only_hosts", "ipam_only_hosts", "Names with IPAM or other data but no Calico Node or Node"),
+        ("calico_gc_ipam_stale_handles", "stale_handles", "IPAM handles counting more IPs than their blocks hold"),
+        ("calico_gc_ipam_dangling_allocations", "dangling_allocations", "IPAM allocations whose handle is missing"),
+        ("calico_gc_ipam_leaked_ips", "leaked_ips", "Pod IPs allocated on live nodes to pods that do not exist"),
+    ):
+        count = (audit.get(key) or {}).get("count")
+        if count is not None:  # unknown (leaks where pods are not read): no sample rather than a 0
+            Gauge(name, text, registry=registry).set(count)
+    utilisation = Gauge(
+        "calico_gc_ipam_pool_utilisation", "Share of an IP pool allocated (0-1)", ["pool"], registry=registry
+    )
+    for pool in audit.get("pools") or []:
+        utilisation.labels(pool=pool["cidr"]).set(pool["utilisation"])
     Gauge("calico_gc_health_status", "Network health: 0 ok, 1 degraded, 2 critical", registry=registry).set(
         HEALTH_LEVELS.get(health.get("status", "ok"), 0)
     )

@@ -243,8 +243,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
-    if inventory.pools or inventory.pods is not None:
-        record.audit = ipam_audit(inventory, {n.name for n in kube_nodes})
+    record.audit = ipam_audit(inventory, {n.name for n in kube_nodes})
     record.health = diagnose(
         health_inputs,
         kube_nodes,

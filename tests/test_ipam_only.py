@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import requests
 
 from job.datastores.etcdv2 import EtcdV2Datastore
 from job.datastores.etcdv3 import EtcdV3Datastore
@@ -24,15 +23,10 @@ def values(harness: Harness) -> dict[str, str]:
     return {k: v for k, (v, _) in harness.dump().items()}
 
 
-def delete_v3(harness: Harness, key: str) -> None:
-    body = {"key": calico._b64(key)}
-    requests.post(f"{harness.etcd.url}/v3/kv/deleterange", json=body, timeout=10).raise_for_status()
-
-
 def hand_cleaned(harness: Harness) -> None:
     """The kops cluster after someone ran `etcdctl del` on one orphan's Calico Node only."""
     harness.seed(s.kops_cluster())
-    delete_v3(harness, NODE)
+    calico.delete(harness.etcd.url, NODE)
 
 
 def test_an_ipam_only_host_is_removed_exactly_as_the_host_would_have_been(harness: Harness) -> None:

@@ -16,7 +16,14 @@ from typing import Any
 from job.config import Config
 from job.datastores.base import DatastoreError
 from job.datastores.etcd_http import EtcdHttp
-from job.datastores.etcdv3 import Collected, bare_ip, collect_key, k8s_node_name, unregistered_names
+from job.datastores.etcdv3 import (
+    Collected,
+    bare_ip,
+    collect_key,
+    collect_pool,
+    k8s_node_name,
+    unregistered_names,
+)
 from job.model import CREATE, CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint, Write
 from job.retry import RetryPolicy
 
@@ -24,11 +31,12 @@ HOSTS = "/calico/v1/host/"
 BGP_HOSTS = "/calico/bgp/v1/host/"
 FELIX_HOSTS = "/calico/felix/v1/host/"
 IPAM_HOSTS = "/calico/ipam/v2/host/"
+POOLS = "/calico/v1/ipam/"  # v4/pool/<cidr> and v6/pool/<cidr>: {"cidr": ...}
 # Every subtree one run reads, each with one recursive GET (the v2 API does not page, nor pin a
 # revision across GETs). The host trees, which hold the identity (`metadata`), come last: a host
 # that registers while the others are read is then seen with its identity, never as a name with
 # IPAM but no Calico host.
-TREES = ("/calico/ipam/v2/assignment/", IPAM_HOSTS, "/calico/ipam/v2/handle/", BGP_HOSTS, FELIX_HOSTS, HOSTS)
+TREES = (POOLS, "/calico/ipam/v2/assignment/", IPAM_HOSTS, "/calico/ipam/v2/handle/", BGP_HOSTS, FELIX_HOSTS, HOSTS)
 CLUSTER_GUID = "/calico/v1/config/ClusterGUID"
 READY = "/calico/v1/Ready"
 COMPARE_FAILED = 412
@@ -118,7 +126,11 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
                     trees.setdefault(owner, []).append(item)
                 break
         else:
-            collect_key(collected, item)  # IPAM: blocks, affinities, handles
+            if item.key.startswith(POOLS):
+                if "/pool/" in item.key and item.value is not None:
+                    collect_pool(collected, item, (collected.json(item) or {}).get("cidr"))
+            else:
+                collect_key(collected, item)  # IPAM: blocks, affinities, handles
     hosts: list[CalicoHost] = []
     leftovers: dict[str, list[StoredItem]] = {}
     for name, tree in sorted(trees.items()):
@@ -135,6 +147,7 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
         blocks=tuple(collected.blocks),
         handles=collected.handles,
         malformed_blocks=tuple(collected.malformed_blocks),
+        pools=tuple(sorted(collected.pools)),
         cluster=cluster,
         problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
     )

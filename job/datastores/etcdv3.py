@@ -46,6 +46,7 @@ BGP_PEERS = RESOURCES + "bgppeers/"
 HOST_ENDPOINTS = RESOURCES + "hostendpoints/"
 NODE_STATUSES = RESOURCES + "caliconodestatuses/"
 CLUSTER_INFORMATION = RESOURCES + "clusterinformations/default"
+IP_POOLS = RESOURCES + "ippools/"
 BLOCKS = "/calico/ipam/v2/assignment/"
 AFFINITIES = "/calico/ipam/v2/host/"
 HANDLES = "/calico/ipam/v2/handle/"
@@ -61,6 +62,7 @@ PREFIXES = (
     HOST_ENDPOINTS,
     NODE_STATUSES,
     CLUSTER_INFORMATION,
+    IP_POOLS,
     BLOCKS,
     AFFINITIES,
     HANDLES,
@@ -174,6 +176,7 @@ class Collected:
     blocks: list[IpamBlock] = field(default_factory=list)
     malformed_blocks: list[str] = field(default_factory=list)
     handles: dict[str, IpamHandle] = field(default_factory=dict)
+    pools: list[str] = field(default_factory=list)
     cluster: ClusterInfo = field(default_factory=ClusterInfo)
     problems: list[DataProblem] = field(default_factory=list)
 
@@ -237,6 +240,8 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         collected.cluster = ClusterInfo(
             guid if isinstance(guid, str) else None, ready if isinstance(ready, bool) else None
         )
+    elif key.startswith(IP_POOLS):
+        collect_pool(collected, item, _dig(_dig(collected.json(item), "spec"), "cidr"))
     elif key.startswith(BLOCKS):
         _collect_block(collected, item)
     elif key.startswith(AFFINITIES):
@@ -254,6 +259,14 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         if rest == "status":
             collected.felix_alive.add(host)
         collected.owned[host].append(item)
+
+
+def collect_pool(collected: Collected, item: StoredItem, cidr: Any) -> None:
+    """An IP pool's CIDR, for the IPAM check's utilisation (etcd v3 `spec.cidr`, v2 `cidr`)."""
+    try:
+        collected.pools.append(str(ipaddress.ip_network(str(cidr), strict=False)))
+    except ValueError:
+        collected.problem("malformed_value", item.key, f"IP pool cidr {cidr!r} is not a network")
 
 
 def _collect_block(collected: Collected, item: StoredItem) -> None:
@@ -356,6 +369,7 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
         blocks=tuple(collected.blocks),
         handles=collected.handles,
         malformed_blocks=tuple(collected.malformed_blocks),
+        pools=tuple(sorted(collected.pools)),
         cluster=collected.cluster,
         problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
         revision=revision(),

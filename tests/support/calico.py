@@ -281,3 +281,9 @@ def semantic(values: dict[str, str]) -> dict[str, Any]:
             }
         seen[key] = value
     return seen
+
+
+def delete(url: str, key: str, session: requests.Session | None = None) -> None:
+    """Delete one key, as `etcdctl del` does."""
+    session = session or _session()
+    session.post(f"{url}/v3/kv/deleterange", json={"key": _b64(key)}, timeout=30).raise_for_status()

@@ -1,0 +1,80 @@
+"""The IPAM check every run makes, on etcd v3 and v2 (the Kubernetes datastore: test_kdd.py):
+pools, nodes, IPAM-only hosts, stale handles, allocations without a handle; and its metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from job.cli import main
+from tests.conftest import Harness
+from tests.support import calico
+from tests.support import scenario as s
+from tests.test_etcdv2 import seeded
+from tests.test_health import Pushgateway, cli_env, pushgateway  # noqa: F401 (a fixture)
+
+WEB0_HANDLE_PREFIX = "/calico/ipam/v2/handle/k8s-pod-network."
+
+
+def garbage(harness: Harness) -> tuple[str, str]:
+    """The kops cluster with an IP pool, a handle counting one IP too many and a live pod's
+    allocation whose handle was deleted (both what a writer's crash leaves)."""
+    scenario = s.kops_cluster()
+    scenario.seed.resource("ippools", "default-ipv4-ippool", "IPPool", {"cidr": "100.96.0.0/16", "ipipMode": "Always"})
+    harness.seed(scenario)
+    keys = harness.dump()
+    handles = sorted(k for k in keys if k.startswith(WEB0_HANDLE_PREFIX))
+    stale, dangling = handles[0], handles[1]
+    value = json.loads(keys[stale][0])
+    (cidr,) = value["block"]
+    value["block"][cidr] += 1
+    calico.load(harness.etcd.url, {stale: json.dumps(value)})
+    calico.delete(harness.etcd.url, dangling)
+    return stale.rsplit("/", 1)[1], dangling.rsplit("/", 1)[1]
+
+
+def test_every_etcd_v3_run_checks_ipam_and_reports_what_it_finds(harness: Harness) -> None:
+    stale, dangling = garbage(harness)
+    calico.delete(harness.etcd.url, f"/calico/resources/v3/projectcalico.org/nodes/{s.POD_ORPHAN}")
+    before = harness.dump()
+    report, code = harness.run()
+    assert code == 0 and harness.dump() == before
+    audit = report["audit"]
+    assert audit["blocks"] == 6 and audit["pools"] == [
+        {"cidr": "100.96.0.0/16", "size": 65536, "blocks": 6, "allocated": audit["allocated"], "utilisation": 0.0002}
+    ]
+    assert audit["ipam_only_hosts"] == {"count": 1, "sample": [s.POD_ORPHAN]}
+    (finding,) = audit["stale_handles"]["sample"]
+    assert finding["handle"] == stale and list(finding["blocks"].values()) == [{"counts": 2, "held": 1}]
+    (allocation,) = audit["dangling_allocations"]["sample"]
+    assert allocation["handle"] == dangling and audit["dangling_allocations"]["count"] == 1
+    assert audit["leaked_ips"]["count"] is None  # pods are not read on etcd
+    assert audit["nodes"]["count"] == 6 and audit["nodes"]["busiest"][0]["allocated"] >= 3
+
+
+def test_etcd_v2_pools_and_blocks_are_checked(harness: Harness) -> None:
+    seeded(harness)
+    report, code = harness.run(harness.config(datastore_type="etcdv2"))
+    audit = report["audit"]
+    assert code == 0 and [p["cidr"] for p in audit["pools"]] == ["100.96.0.0/11"]
+    assert audit["pools"][0]["blocks"] == audit["blocks"] > 0
+    assert audit["stale_handles"]["count"] == 0 and audit["dangling_allocations"]["count"] == 0
+
+
+def test_the_ipam_check_is_pushed_as_metrics(
+    harness: Harness,
+    tmp_path: Path,
+    pushgateway: Pushgateway,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    garbage(harness)
+    assert main(["--pushgateway", pushgateway.url], cli_env(harness, tmp_path)) == 0
+    capsys.readouterr()
+    metrics = pushgateway.metrics()
+    assert metrics["calico_gc_ipam_pool_utilisation"][(("pool", "100.96.0.0/16"),)] == 0.0002
+    assert metrics["calico_gc_ipam_stale_handles"][()] == 1
+    assert metrics["calico_gc_ipam_dangling_allocations"][()] == 1
+    assert metrics["calico_gc_ipam_only_hosts"][()] == 0
+    assert "calico_gc_ipam_leaked_ips" not in metrics, "unknown on etcd: not pushed as 0"
