@@ -15,8 +15,8 @@ import structlog
 from job.config import Config
 from job.datastores.base import Datastore, DatastoreError
 from job.kube import KubeError
-from job.model import Action, HostDecision, Plan, Step
-from job.plan import k8s_link, replan_host
+from job.model import Action, HandleRepair, HostDecision, Plan, Step
+from job.plan import HANDLE_CHANGED, HANDLE_DEFERRED, HANDLE_FAILED, HANDLE_REPAIRED, k8s_link, replan_host
 from job.retry import describe_error
 
 log = structlog.get_logger("calico_gc.apply")
@@ -143,3 +143,33 @@ def apply_plan(
                 decision = _apply_guarded(decision, datastore, nodes, config)
         results.append(decision)
     return tuple(results)
+
+
+def apply_repairs(
+    repairs: Sequence[HandleRepair],
+    datastore: Datastore,
+    still_held: Callable[[], bool],
+    stopping: Callable[[], bool],
+) -> tuple[tuple[HandleRepair, ...], list[str]]:
+    """Commit each planned handle repair, each a compare-and-swap on the revision it was seen
+    at twice: a handle written meanwhile is `changed` and seen afresh by the next run. Returns
+    the repairs with what happened, and the errors to report."""
+    done: list[HandleRepair] = []
+    errors: list[str] = []
+    for repair in repairs:
+        if repair.step is None:
+            done.append(repair)
+            continue
+        if stopping() or not still_held():
+            done.append(replace(repair, action=HANDLE_DEFERRED, step=None))
+            continue
+        try:
+            applied = datastore.commit(repair.step)
+        except DatastoreError as error:
+            errors.append(f"handle {repair.handle_id}: {error}")
+            done.append(replace(repair, action=HANDLE_FAILED))
+            continue
+        if applied:
+            _log_step(repair.handle_id, repair.step)
+        done.append(replace(repair, action=HANDLE_REPAIRED if applied else HANDLE_CHANGED))
+    return tuple(done), errors

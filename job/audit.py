@@ -1,18 +1,19 @@
 """The IPAM check every run makes, in every datastore (pure): pools and how full they are, the
 nodes that hold the most, and the garbage it finds: IPAM-only hosts (which the run removes like
-hosts), stale handles, allocations whose handle is missing, and pod IPs that look leaked on live
-nodes (Kubernetes datastore, where the pods are read). The last three are reported, never
-acted on: docs/calico-data.md says why."""
+hosts), stale handles (repaired once seen twice, unchanged), allocations whose handle is
+missing, and pod IPs that look leaked on live nodes (Kubernetes datastore, where the pods are
+read). The last two are reported, never acted on: docs/calico-data.md says why."""
 
 from __future__ import annotations
 
 import ipaddress
 from collections import Counter, defaultdict
-from collections.abc import Set
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
-from job.ipam import affinity_host, block_data, handle_problem, normal_cidr, parse_handle
-from job.model import Inventory
+from job.ipam import StaleHandle, affinity_host, block_data
+from job.model import HandleRepair, Inventory
+from job.plan import HANDLE_REPAIRED
 
 SAMPLE = 20
 NEXT_STEP = (
@@ -35,10 +36,18 @@ def _found(items: list[Any], key: Any = None) -> dict[str, Any]:
     return {"count": len(items), "sample": sorted(items, key=key)[:SAMPLE]}
 
 
-def ipam_audit(inventory: Inventory, live_nodes: Set[str]) -> dict[str, Any]:
+def ipam_audit(
+    inventory: Inventory,
+    live_nodes: Set[str],
+    held: Mapping[str, Counter[str]],
+    stale: Sequence[StaleHandle] = (),
+    repairs: Sequence[HandleRepair] = (),
+) -> dict[str, Any]:
+    """`held`: handle -> block -> allocations (ipam.held_counts); `repairs`: what this run
+    plans for each stale handle."""
+    actions = {repair.handle_id: repair.action for repair in repairs}
     leaked: list[dict[str, str]] = []
     dangling: list[dict[str, str]] = []
-    held: dict[str, Counter[str]] = defaultdict(Counter)  # handle -> block cidr -> allocations
     allocated: Counter[str] = Counter()
     per_node: dict[str, Counter[str]] = defaultdict(Counter)
     for block in inventory.blocks:
@@ -57,15 +66,21 @@ def ipam_audit(inventory: Inventory, live_nodes: Set[str]) -> dict[str, Any]:
             node = secondary.get("node") or host
             per_node[str(node)]["allocated"] += 1
             ip = str(network.network_address + ordinal)
-            if isinstance(handle, str) and handle:
-                held[handle][block.cidr] += 1
-                if handle not in inventory.handles:
-                    dangling.append({"ip": ip, "handle": handle})
+            if isinstance(handle, str) and handle and handle not in inventory.handles:
+                dangling.append({"ip": ip, "handle": handle})
             pod, namespace = secondary.get("pod"), secondary.get("namespace")
             known = inventory.pods is not None and node in live_nodes and pod and namespace
             if known and (namespace, pod) not in (inventory.pods or ()):
                 leaked.append({"ip": ip, "node": str(node), "pod": f"{namespace}/{pod}", "handle": str(handle)})
-    stale, empty = _stale_handles(inventory, held)
+    empty = [h for h in inventory.handles if not held.get(h)]  # Calico deletes a handle once it holds none
+    stale_found = [
+        {
+            "handle": finding.handle.handle_id,
+            "blocks": {key: {"counts": c, "held": h} for key, (c, h) in finding.over.items()},
+            "action": actions.get(finding.handle.handle_id, "reported"),
+        }
+        for finding in stale
+    ]
     pools = []
     for cidr in inventory.pools:
         pool = ipaddress.ip_network(cidr, strict=False)
@@ -91,7 +106,7 @@ def ipam_audit(inventory: Inventory, live_nodes: Set[str]) -> dict[str, Any]:
             "busiest": [{"node": n, "blocks": c["blocks"], "allocated": c["allocated"]} for n, c in busiest],
         },
         "ipam_only_hosts": _found(ipam_only),
-        "stale_handles": _found(stale, key=lambda s: s["handle"]),
+        "stale_handles": {**_found(stale_found, key=lambda s: s["handle"]), "repaired": 0},
         "handles_without_allocations": _found(empty),
         "dangling_allocations": _found(dangling, key=lambda d: d["ip"]),
         "leaked_ips": {
@@ -102,26 +117,12 @@ def ipam_audit(inventory: Inventory, live_nodes: Set[str]) -> dict[str, Any]:
     }
 
 
-def _stale_handles(inventory: Inventory, held: dict[str, Counter[str]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Handles that count more IPs in a block than the block holds for them, and (a subset)
-    those that count IPs but hold none at all. A handle counting fewer is never listed: Calico
-    raises the handle before it writes the block, so that is an allocation in flight."""
-    stale: list[dict[str, Any]] = []
-    empty: list[str] = []
-    unparsable = set(inventory.malformed_blocks)
-    for handle_id, handle in inventory.handles.items():
-        data = parse_handle(handle.item.value or "")
-        if data is None or handle_problem(data) is not None:
-            continue
-        counts: dict[str, int] = data.get("block") or {}
-        holds = held.get(handle_id, Counter())
-        over = {
-            cidr: {"counts": count, "held": holds.get(normal_cidr(cidr) or cidr, 0)}
-            for cidr, count in counts.items()
-            if (normal_cidr(cidr) or cidr) not in unparsable and count > holds.get(normal_cidr(cidr) or cidr, 0)
-        }
-        if over:
-            stale.append({"handle": handle_id, "blocks": over})
-        if not holds:
-            empty.append(handle_id)  # Calico deletes a handle once it holds nothing
-    return stale, empty
+def with_repairs(audit: dict[str, Any] | None, repairs: Sequence[HandleRepair]) -> dict[str, Any] | None:
+    """The audit once the planned handle repairs were applied: each one's outcome."""
+    if audit is None:
+        return None
+    actions = {repair.handle_id: repair.action for repair in repairs}
+    found = audit["stale_handles"]
+    sample = [{**entry, "action": actions.get(entry["handle"], entry["action"])} for entry in found["sample"]]
+    repaired = sum(1 for repair in repairs if repair.action == HANDLE_REPAIRED)
+    return {**audit, "stale_handles": {**found, "sample": sample, "repaired": repaired}}

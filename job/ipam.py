@@ -473,6 +473,56 @@ def _steps(purpose: str, first: list[Write], then: list[Write]) -> list[Step]:
     return [*steps, Step(purpose, tuple(first + then))]
 
 
+@dataclass(frozen=True)
+class StaleHandle:
+    """A handle that counts more IPs in some block than that block holds for it. `repaired` is
+    its value lowered to what the blocks hold (None: nothing left, delete it)."""
+
+    handle: IpamHandle
+    over: Mapping[str, tuple[int, int]]  # the handle's own cidr key -> (counts, held)
+    repaired: JsonObject | None
+
+
+def held_counts(blocks: Iterable[IpamBlock]) -> dict[str, Counter[str]]:
+    """handle ID -> block cidr -> how many allocations that block holds for it."""
+    held: dict[str, Counter[str]] = defaultdict(Counter)
+    for block in blocks:
+        data = block_data(block)
+        attributes = data.get("attributes") or []
+        for index in data["allocations"]:
+            if index is not None:
+                handle_id = attributes[index].get("handle_id")
+                if isinstance(handle_id, str) and handle_id:
+                    held[handle_id][block.cidr] += 1
+    return held
+
+
+def stale_handles(
+    handles: Mapping[str, IpamHandle], held: Mapping[str, Counter[str]], malformed_blocks: Collection[str] = ()
+) -> list[StaleHandle]:
+    """Every handle counting more in a block than the block holds for it. A block that could not
+    be parsed holds an unknown number: its counts are left alone. A handle counting fewer is not
+    stale: Calico raises the handle before it writes the block, so that is an allocation in flight."""
+    found = []
+    for handle_id, handle in sorted(handles.items()):
+        data = parse_handle(handle.item.value or "")
+        if data is None or handle_problem(data) is not None:
+            continue
+        holds = held.get(handle_id, Counter())
+        actual: dict[str, int | None] = {}
+        for key in data.get("block") or {}:
+            cidr = normal_cidr(key)
+            actual[key] = None if cidr is None or cidr in malformed_blocks else holds.get(cidr, 0)
+        over = {
+            key: (count, actual[key] or 0)
+            for key, count in (data.get("block") or {}).items()
+            if actual[key] is not None and count > (actual[key] or 0)
+        }
+        if over:
+            found.append(StaleHandle(handle, over, lowered_handle(data, actual)))
+    return found
+
+
 def parse_handle(text: str) -> Any:
     """A handle's JSON, or None when it is not JSON at all (handle_problem checks its shape)."""
     try:

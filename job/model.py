@@ -223,6 +223,15 @@ class GuardFinding:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class HandleRepair:
+    """What a run does about one stale IPAM handle; `step` lowers it when `action` says so."""
+
+    handle_id: str
+    action: str
+    step: Step | None = None
+
+
 @dataclass(frozen=True)
 class Plan:
     decisions: tuple[HostDecision, ...]
@@ -231,6 +240,7 @@ class Plan:
     next_grace_state: Mapping[str, datetime]
     live_hosts: int
     orphans: frozenset[str]
+    repairs: tuple[HandleRepair, ...] = ()
 
     @property
     def refused(self) -> bool:

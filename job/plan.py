@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from job.config import Config
-from job.ipam import MAX_TXN_WRITES, IpamIndex, plan_release
+from job.ipam import MAX_TXN_WRITES, IpamIndex, StaleHandle, dump, plan_release, tunnel_handle_node
 from job.model import (
     Action,
     CalicoHost,
     GuardFinding,
+    HandleRepair,
     HostDecision,
     Inventory,
     IpConflict,
@@ -36,6 +37,18 @@ MALFORMED_DATA = "malformed_data"
 GRACE_PERIOD = "grace_period"
 CONFLICT_GRACE_PERIOD = "conflict_grace_period"
 MAX_DELETIONS = "max_deletions"
+# What a run does about a stale handle (docs/calico-data.md, "Stale handles").
+HANDLE_SEEN = "seen_once"  # first seen stale at this revision: repaired if still so, unchanged, later
+HANDLE_WOULD_REPAIR = "would_repair"
+HANDLE_REPAIRED = "repaired"
+HANDLE_LEFT_TO_HOST = "left_to_host"  # a host this run removes writes it anyway
+HANDLE_EXCLUDED = "excluded"  # the tunnel handle of an --exclude'd host
+HANDLE_DEFERRED = "deferred"  # over --max-deletions, or the run stopped first
+HANDLE_CHANGED = "changed"  # written by someone else meanwhile: seen again next run
+HANDLE_FAILED = "failed"
+# A stale handle is repaired only when seen stale, at the same revision, this long ago or more:
+# Calico raises a handle just before it writes the block, so a fresh sighting may be in flight.
+HANDLE_MIN_AGE = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -206,6 +219,7 @@ def plan_run(
     now: datetime,
     config: Config,
     reported_conflicts: Sequence[IpConflict] = (),
+    stale: Sequence[StaleHandle] = (),
 ) -> Plan:
     """Decide every Calico host that is not live; deterministic for the same inputs.
 
@@ -258,7 +272,52 @@ def plan_run(
             taken += 1
             decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
     decisions.sort(key=lambda d: d.host.name)
-    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names)
+    repairs, sightings = plan_handle_repairs(stale, decisions, grace_state, now, config)
+    next_state.update(sightings)
+    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names, repairs)
+
+
+def handle_sighting(finding: StaleHandle) -> str:
+    """The grace-state name of a stale handle at one revision: a write to it starts over."""
+    return f"handle:{finding.handle.handle_id}@{finding.handle.item.revision}"
+
+
+def plan_handle_repairs(
+    stale: Sequence[StaleHandle],
+    decisions: Sequence[HostDecision],
+    grace_state: Mapping[str, datetime],
+    now: datetime,
+    config: Config,
+) -> tuple[tuple[HandleRepair, ...], dict[str, datetime]]:
+    """Lower each stale handle to what its blocks hold, once it has been seen stale, unchanged,
+    in an earlier run at least HANDLE_MIN_AGE ago; counts are never raised. Handles a host of
+    this run writes anyway are left to it. At most --max-deletions repairs per run."""
+    busy = {w.key for d in decisions for step in d.steps for w in step.writes}
+    repairs: list[HandleRepair] = []
+    sightings: dict[str, datetime] = {}
+    taken = 0
+    for finding in stale:
+        handle = finding.handle
+        owner = tunnel_handle_node(handle.handle_id)
+        if handle.item.key in busy:
+            repairs.append(HandleRepair(handle.handle_id, HANDLE_LEFT_TO_HOST))
+            continue
+        if owner is not None and config.is_excluded(owner):
+            repairs.append(HandleRepair(handle.handle_id, HANDLE_EXCLUDED))
+            continue
+        mark = handle_sighting(finding)
+        since = sightings[mark] = min(grace_state.get(mark, now), now)
+        if now - since < HANDLE_MIN_AGE:
+            repairs.append(HandleRepair(handle.handle_id, HANDLE_SEEN))
+        elif taken >= config.max_deletions:
+            repairs.append(HandleRepair(handle.handle_id, HANDLE_DEFERRED))
+        else:
+            taken += 1
+            value = None if finding.repaired is None else dump(finding.repaired)
+            write = Write(handle.item.key, handle.item.revision, value, handle.item.value)
+            step = Step(f"repair IPAM handle {handle.handle_id}", (write,))
+            repairs.append(HandleRepair(handle.handle_id, HANDLE_WOULD_REPAIR, step))
+    return tuple(repairs), sightings
 
 
 def replan_host(inventory: Inventory, previous: HostDecision) -> HostDecision | None:

@@ -18,11 +18,12 @@ from typing import Any, Protocol
 import structlog
 
 from job import __version__
-from job.apply import NodeChecker, apply_plan, fill_before
-from job.audit import ipam_audit
+from job.apply import NodeChecker, apply_plan, apply_repairs, fill_before
+from job.audit import ipam_audit, with_repairs
 from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
+from job.ipam import held_counts, stale_handles
 from job.keep import KeepError, worth_keeping
 from job.kube import KubeError
 from job.metrics import push
@@ -241,9 +242,11 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     now = deps.clock()
     # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
     reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
-    plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported)
+    held = held_counts(inventory.blocks)
+    stale = stale_handles(inventory.handles, held, inventory.malformed_blocks)
+    plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
-    record.audit = ipam_audit(inventory, {n.name for n in kube_nodes})
+    record.audit = ipam_audit(inventory, {n.name for n in kube_nodes}, held, stale, plan.repairs)
     record.health = diagnose(
         health_inputs,
         kube_nodes,
@@ -273,6 +276,10 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         return ExitCode.OK
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
     record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set)
+    repairs, failures = apply_repairs(plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
+    for failure in failures:
+        record.error("unavailable", f"stale IPAM handle not repaired: {failure}")
+    record.audit = with_repairs(record.audit, repairs)
     deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
     if deleted:
         # A name that comes back and is orphaned again must wait its full grace anew.

@@ -4,6 +4,8 @@ pools, nodes, IPAM-only hosts, stale handles, allocations without a handle; and 
 from __future__ import annotations
 
 import json
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from tests.support import scenario as s
 from tests.test_etcdv2 import seeded
 from tests.test_health import Pushgateway, cli_env, pushgateway  # noqa: F401 (a fixture)
 
+HOSTS_ASIDE = (re.escape(s.CONFLICT_ORPHAN), re.escape(s.POD_ORPHAN))
 WEB0_HANDLE_PREFIX = "/calico/ipam/v2/handle/k8s-pod-network."
 
 
@@ -78,3 +81,66 @@ def test_the_ipam_check_is_pushed_as_metrics(
     assert metrics["calico_gc_ipam_dangling_allocations"][()] == 1
     assert metrics["calico_gc_ipam_only_hosts"][()] == 0
     assert "calico_gc_ipam_leaked_ips" not in metrics, "unknown on etcd: not pushed as 0"
+
+
+def over_counted(harness: Harness) -> tuple[str, dict[str, object]]:
+    """A live pod's handle counting one IP more than its block holds: the kops cluster otherwise clean."""
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.delete_node(s.NEW_NODE)  # nothing else for this test to think about
+    keys = harness.dump()
+    key = sorted(k for k in keys if k.startswith(WEB0_HANDLE_PREFIX))[0]
+    right = json.loads(keys[key][0])
+    wrong = {**right, "block": {cidr: count + 1 for cidr, count in right["block"].items()}}
+    calico.load(harness.etcd.url, {key: json.dumps(wrong)})
+    return key, right
+
+
+def stale_entry(report: dict[str, object], key: str) -> dict[str, object]:
+    audit = report["audit"]
+    assert isinstance(audit, dict)
+    (entry,) = [e for e in audit["stale_handles"]["sample"] if e["handle"] == key.rsplit("/", 1)[1]]
+    return entry
+
+
+def test_a_stale_handle_is_repaired_once_seen_twice_unchanged(harness: Harness) -> None:
+    key, right = over_counted(harness)
+    config = harness.config(apply=True, exclude=HOSTS_ASIDE)  # only the handle is at stake
+    first, _ = harness.run(config)
+    assert stale_entry(first, key)["action"] == "seen_once"
+    assert json.loads(harness.dump()[key][0]) != right, "never on one sighting: it may be in flight"
+    harness.now += timedelta(minutes=2)
+    early, _ = harness.run(config)
+    assert stale_entry(early, key)["action"] == "seen_once", "nor on a second one too soon after"
+    harness.now += timedelta(minutes=8)
+    dry, _ = harness.run(harness.config(exclude=HOSTS_ASIDE))
+    assert stale_entry(dry, key)["action"] == "would_repair"
+    second, code = harness.run(config)
+    assert code == 0 and stale_entry(second, key)["action"] == "repaired"
+    assert second["audit"]["stale_handles"]["repaired"] == 1
+    assert json.loads(harness.dump()[key][0]) == right
+    assert calico.ipam_problems({k: v for k, (v, _) in harness.dump().items()}) == []
+    third, _ = harness.run(config)
+    assert third["audit"]["stale_handles"]["count"] == 0
+
+
+def test_a_handle_written_between_sightings_is_seen_afresh(harness: Harness) -> None:
+    key, _ = over_counted(harness)
+    config = harness.config(apply=True, exclude=HOSTS_ASIDE)
+    harness.run(config)
+    value = harness.dump()[key][0]
+    calico.load(harness.etcd.url, {key: value})  # the same value, written again: a new revision
+    harness.now += timedelta(minutes=10)
+    report, _ = harness.run(config)
+    assert stale_entry(report, key)["action"] == "seen_once"
+    assert harness.dump()[key][0] == value
+
+
+def test_a_handle_a_deleted_host_writes_anyway_is_left_to_it(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())
+    keys = harness.dump()
+    tunnel = f"/calico/ipam/v2/handle/ipip-tunnel-addr-{s.POD_ORPHAN}"
+    value = json.loads(keys[tunnel][0])
+    calico.load(harness.etcd.url, {tunnel: json.dumps({**value, "block": {"100.96.20.0/26": 2}})})
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and stale_entry(report, tunnel)["action"] == "left_to_host"
+    assert tunnel not in harness.dump()
