@@ -3,8 +3,9 @@
 Seeds a kops-like cluster (live nodes; an orphan holding the IP of a new node; an orphan with
 pods and borrowed IPs; a host registered before orchRefs existed), then runs `python -m job`
 exactly as the CronJob would: a dry run, an apply run, and a backlog clean with match-name.
-Then lists the reports kept in the cluster, and undoes the apply run with `restore`: a dry run,
-then --apply.
+Then lists the reports kept in the cluster, undoes the apply run with `restore` (a dry run,
+then --apply), and shows IPAM garbage: an IPAM-only host left by a hand-run clean-up, and a stale
+handle.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from tests.support import calico
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
-from tests.support.scenario import CONFLICT_ORPHAN, LIVE, NEW_NODE, kops_cluster
+from tests.support.scenario import CONFLICT_ORPHAN, LIVE, NEW_NODE, POD_ORPHAN, kops_cluster
 
 RUNS = [
     ("1. dry run (the default): nothing is written to etcd", []),
@@ -85,6 +86,7 @@ def main() -> int:
         etcd.start()
         kubeapi.start()
         scenario = kops_cluster()
+        scenario.seed.resource("ippools", "default-ipv4-ippool", "IPPool", {"cidr": "100.96.0.0/16", "ipipMode": "Always"})
         calico.load(etcd.url, scenario.seed.keys)
         for name, ip in scenario.k8s_nodes:
             kubeapi.add_node(name, ip)
@@ -129,6 +131,29 @@ def main() -> int:
             if result.returncode != expected:
                 print(result.stderr[-2000:], file=sys.stderr)
                 return result.returncode or 1
+        # IPAM garbage: someone "cleaned" the restored host by deleting only its Calico Node (its IPAM,
+        # endpoints and config stay: an IPAM-only host), and a crash left a live pod's handle
+        # counting one IP more than its block holds.
+        calico.delete(etcd.url, f"/calico/resources/v3/projectcalico.org/nodes/{POD_ORPHAN}")
+        keys = calico.dump(etcd.url)
+        block = json.loads(keys["/calico/ipam/v2/assignment/ipv4/block/100.96.1.0-26"][0])
+        web1 = next(a["handle_id"] for a in block["attributes"] if a["secondary"].get("pod") == "web-1")
+        handle = f"/calico/ipam/v2/handle/{web1}"
+        value = json.loads(keys[handle][0])
+        value["block"] = {cidr: count + 1 for cidr, count in value["block"].items()}
+        calico.load(etcd.url, {handle: json.dumps(value)})
+        for title, args in [
+            ("7. IPAM garbage, dry run: the IPAM-only host and the stale handle", []),
+            ("8. --apply: the IPAM-only host goes; the handle waits for a second sighting", ["--apply"]),
+        ]:
+            before = len(calico.dump(etcd.url))
+            result = job(env, *args, "--grace-period", "0s")
+            print(f"\n== {title} (etcd keys {before} -> {len(calico.dump(etcd.url))}, exit {result.returncode})")
+            print(result.stdout, end="")
+            if result.returncode != 0:
+                print(result.stderr[-2000:], file=sys.stderr)
+                return result.returncode
+        print("(a run 5 minutes or more later, the handle unchanged, lowers it to what its block holds)")
         state = kubeapi.get("/api/v1/namespaces/kube-system/configmaps", "calico-gc-state")
         print(f"\ngrace state ConfigMap kube-system/calico-gc-state: {state['data']['state.json'] if state else None}")
         print("Each command printed its summary on stdout (--output json gives the JSON report); the runs also")

@@ -169,6 +169,9 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"held back by {guard['name']}: {guard['message']}")
     for error in report["errors"]:
         lines.append(f"error ({error['kind']}): {error['message']}")
+    audit = report.get("audit")
+    if audit:
+        lines += ["", ipam_line(audit)]
     health = report.get("health")
     if health:
         lines += ["", f"network health: {health['status']}"]
@@ -179,6 +182,21 @@ def render_text(report: dict[str, Any]) -> str:
     if report["mode"] == "dry-run" and report["summary"]["would_delete"]:
         lines += ["", "dry run: nothing was written; --apply (CALICO_GC_APPLY=true) deletes what is listed above"]
     return "\n".join(lines) + "\n"
+
+
+def ipam_line(audit: dict[str, Any]) -> str:
+    """The IPAM check in one line: how full the pools are, and what garbage it found."""
+    pools = ", ".join(f"{p['cidr']} {p['utilisation']:.1%} full" for p in audit["pools"]) or "no pools read"
+    stale = audit["stale_handles"]
+    actions = Counter(entry["action"] for entry in stale["sample"])
+    done = f" ({', '.join(f'{a} {n}' for a, n in sorted(actions.items()))})" if actions else ""
+    leaked = audit["leaked_ips"]["count"]
+    return (
+        f"ipam: {audit['blocks']} blocks, {audit['allocated']} IPs allocated; {pools}; "
+        f"IPAM-only hosts {audit['ipam_only_hosts']['count']}; stale handles {stale['count']}{done}; "
+        f"allocations without a handle {audit['dangling_allocations']['count']}; "
+        f"leaked pod IPs {'not checked' if leaked is None else leaked}"
+    )
 
 
 def summary_line(report: dict[str, Any]) -> str:
