@@ -86,7 +86,8 @@ def main() -> int:
         etcd.start()
         kubeapi.start()
         scenario = kops_cluster()
-        scenario.seed.resource("ippools", "default-ipv4-ippool", "IPPool", {"cidr": "100.96.0.0/16", "ipipMode": "Always"})
+        pool = {"cidr": "100.96.0.0/16", "ipipMode": "Always"}
+        scenario.seed.resource("ippools", "default-ipv4-ippool", "IPPool", pool)
         calico.load(etcd.url, scenario.seed.keys)
         for name, ip in scenario.k8s_nodes:
             kubeapi.add_node(name, ip)
