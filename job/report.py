@@ -186,7 +186,7 @@ def render_text(report: dict[str, Any]) -> str:
 
 def ipam_line(audit: dict[str, Any]) -> str:
     """The IPAM check in one line: how full the pools are, and what garbage it found."""
-    pools = ", ".join(f"{p['cidr']} {p['utilisation']:.1%} full" for p in audit["pools"]) or "no pools read"
+    pools = ", ".join(f"{p['cidr']} {p['utilisation']:.2%} full" for p in audit["pools"]) or "no pools read"
     stale = audit["stale_handles"]
     actions = Counter(entry["action"] for entry in stale["sample"])
     done = f" ({', '.join(f'{a} {n}' for a, n in sorted(actions.items()))})" if actions else ""
