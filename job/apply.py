@@ -15,7 +15,15 @@ import structlog
 from job.config import Config
 from job.datastores.base import Datastore, DatastoreError
 from job.kube import KubeError
-from job.model import Action, HandleRepair, HostDecision, Plan, Step
+from job.leaks import (
+    LEAK_CHANGED,
+    LEAK_DEFERRED,
+    LEAK_FAILED,
+    LEAK_POD_BACK,
+    LEAK_RELEASED,
+    LeakRelease,
+)
+from job.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step
 from job.plan import HANDLE_CHANGED, HANDLE_DEFERRED, HANDLE_FAILED, HANDLE_REPAIRED, k8s_link, replan_host
 from job.retry import describe_error
 
@@ -173,3 +181,50 @@ def apply_repairs(
             _log_step(repair.handle_id, repair.step)
         done.append(replace(repair, action=HANDLE_REPAIRED if applied else HANDLE_CHANGED))
     return tuple(done), errors
+
+
+class PodChecker(Protocol):
+    def pod(self, namespace: str, name: str) -> PodInfo | None: ...
+
+
+def apply_leaks(
+    releases: Sequence[LeakRelease],
+    datastore: Datastore,
+    pods: PodChecker,
+    still_held: Callable[[], bool],
+    stopping: Callable[[], bool],
+) -> tuple[dict[str, str], list[str]]:
+    """Release each block's leaked IPs, after a fresh GET of each of their pods: a pod that holds
+    its IP again (or could not be checked) keeps the whole block out of this run. Returns what
+    happened to each IP, and the errors to report."""
+    actions: dict[str, str] = {}
+    errors: list[str] = []
+    for release in releases:
+        ips = [leak.ip for leak in release.leaks]
+        if stopping() or not still_held():
+            actions.update((ip, LEAK_DEFERRED) for ip in ips)
+            continue
+        try:
+            back = [
+                leak for leak in release.leaks if (pod := pods.pod(leak.namespace, leak.pod)) and leak.settled_by(pod)
+            ]
+        except KubeError as error:
+            errors.append(f"block {release.cidr}: the pods could not be re-checked: {error}")
+            actions.update((ip, LEAK_DEFERRED) for ip in ips)
+            continue
+        if back:
+            actions.update((ip, LEAK_DEFERRED) for ip in ips)
+            actions.update((leak.ip, LEAK_POD_BACK) for leak in back)
+            continue
+        try:
+            applied = datastore.commit(release.step)
+        except DatastoreError as error:
+            errors.append(f"block {release.cidr}: {error}")
+            actions.update((ip, LEAK_FAILED) for ip in ips)
+            continue
+        if applied == len(release.step.writes):
+            _log_step(release.cidr, release.step)
+            actions.update((ip, LEAK_RELEASED) for ip in ips)
+        else:
+            actions.update((ip, LEAK_CHANGED) for ip in ips)
+    return actions, errors

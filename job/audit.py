@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from job.ipam import StaleHandle, affinity_host, block_data
+from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
 from job.model import HandleRepair, Inventory
 from job.plan import HANDLE_REPAIRED
+from job.report import timestamp
 
 SAMPLE = 20
 NEXT_STEP = (
@@ -42,11 +44,13 @@ def ipam_audit(
     held: Mapping[str, Counter[str]],
     stale: Sequence[StaleHandle] = (),
     repairs: Sequence[HandleRepair] = (),
+    leaked: Sequence[Allocation] | None = None,
+    leak_plan: LeakPlan | None = None,
 ) -> dict[str, Any]:
     """`held`: handle -> block -> allocations (ipam.held_counts); `repairs`: what this run
-    plans for each stale handle."""
+    plans for each stale handle; `leaked`: pod IPs no pod holds (None: pods not listed), and
+    `leak_plan` what this run does about them."""
     actions = {repair.handle_id: repair.action for repair in repairs}
-    leaked: list[dict[str, str]] = []
     dangling: list[dict[str, str]] = []
     allocated: Counter[str] = Counter()
     per_node: dict[str, Counter[str]] = defaultdict(Counter)
@@ -68,10 +72,6 @@ def ipam_audit(
             ip = str(network.network_address + ordinal)
             if isinstance(handle, str) and handle and handle not in inventory.handles:
                 dangling.append({"ip": ip, "handle": handle})
-            pod, namespace = secondary.get("pod"), secondary.get("namespace")
-            known = inventory.pods is not None and node in live_nodes and pod and namespace
-            if known and (namespace, pod) not in (inventory.pods or ()):
-                leaked.append({"ip": ip, "node": str(node), "pod": f"{namespace}/{pod}", "handle": str(handle)})
     empty = [h for h in inventory.handles if not held.get(h)]  # Calico deletes a handle once it holds none
     stale_found = [
         {
@@ -109,20 +109,43 @@ def ipam_audit(
         "stale_handles": {**_found(stale_found, key=lambda s: s["handle"]), "repaired": 0},
         "handles_without_allocations": _found(empty),
         "dangling_allocations": _found(dangling, key=lambda d: d["ip"]),
-        "leaked_ips": {
-            "count": len(leaked) if inventory.pods is not None else None,
-            "sample": sorted(leaked, key=lambda x: x["ip"])[:SAMPLE],
-        },
+        "leaked_ips": _leaks(leaked, leak_plan),
         "next_step": NEXT_STEP,
     }
 
 
-def with_repairs(audit: dict[str, Any] | None, repairs: Sequence[HandleRepair]) -> dict[str, Any] | None:
-    """The audit once the planned handle repairs were applied: each one's outcome."""
+def _leaks(leaked: Sequence[Allocation] | None, plan: LeakPlan | None) -> dict[str, Any]:
+    if leaked is None:
+        return {"count": None, "sample": [], "released": 0}
+    sample = [
+        {
+            "ip": a.ip,
+            "node": a.node,
+            "pod": f"{a.namespace}/{a.pod}",
+            "handle": a.handle,
+            "since": timestamp(plan.since.get(a.ip)) if plan else None,
+            "action": plan.actions.get(a.ip, LEAK_REPORTED) if plan else LEAK_REPORTED,
+        }
+        for a in sorted(leaked, key=lambda a: (a.cidr, a.ordinal))[:SAMPLE]
+    ]
+    return {"count": len(leaked), "sample": sample, "released": 0}
+
+
+def with_outcomes(
+    audit: dict[str, Any] | None, repairs: Sequence[HandleRepair], leak_actions: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """The audit once the planned handle repairs and leak releases were applied."""
     if audit is None:
         return None
     actions = {repair.handle_id: repair.action for repair in repairs}
     found = audit["stale_handles"]
     sample = [{**entry, "action": actions.get(entry["handle"], entry["action"])} for entry in found["sample"]]
     repaired = sum(1 for repair in repairs if repair.action == HANDLE_REPAIRED)
-    return {**audit, "stale_handles": {**found, "sample": sample, "repaired": repaired}}
+    leaks = audit["leaked_ips"]
+    leak_sample = [{**entry, "action": leak_actions.get(entry["ip"], entry["action"])} for entry in leaks["sample"]]
+    released = sum(1 for action in leak_actions.values() if action == LEAK_RELEASED)
+    return {
+        **audit,
+        "stale_handles": {**found, "sample": sample, "repaired": repaired},
+        "leaked_ips": {**leaks, "sample": leak_sample, "released": released},
+    }

@@ -131,6 +131,30 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DURATION",
     ),
     Option(
+        "--release-leaked-ips",
+        "CALICO_GC_RELEASE_LEAKED_IPS",
+        "false",
+        "Also release pod IPs that stayed leaked (their pod gone, on another node or holding other IPs, and no "
+        "workload endpoint) for --leak-grace-period. Off by default: leaks are always reported, and a wrong "
+        "release cuts a live pod off, so turning it on is a choice.",
+        switch=True,
+    ),
+    Option(
+        "--leak-grace-period",
+        "CALICO_GC_LEAK_GRACE_PERIOD",
+        "15m",
+        "How long an IP must be seen leaked, in every run, before it is released (kube-controllers' default; "
+        "at least 5m).",
+        metavar="DURATION",
+    ),
+    Option(
+        "--max-leak-releases",
+        "CALICO_GC_MAX_LEAK_RELEASES",
+        "50",
+        "Most leaked IPs released in one run.",
+        metavar="N",
+    ),
+    Option(
         "--max-deletions",
         "CALICO_GC_MAX_DELETIONS",
         "20",
@@ -360,6 +384,9 @@ class Config:
     apply: bool = False
     grace_period: timedelta = timedelta(minutes=30)
     conflict_grace_period: timedelta = timedelta(0)
+    release_leaked_ips: bool = False
+    leak_grace_period: timedelta = timedelta(minutes=15)
+    max_leak_releases: int = 50
     max_deletions: int = 20
     max_orphan_fraction: float = 0.5
     unreferenced: str = "skip"
@@ -614,6 +641,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         apply=_bool("--apply", text("apply")) and not _bool("--dry-run", text("dry_run")),
         grace_period=duration("grace_period"),
         conflict_grace_period=duration("conflict_grace_period"),
+        release_leaked_ips=_bool("--release-leaked-ips", text("release_leaked_ips")),
+        leak_grace_period=_at_least("--leak-grace-period", duration("leak_grace_period"), timedelta(minutes=5)),
+        max_leak_releases=_int("--max-leak-releases", text("max_leak_releases"), 0),
         max_deletions=_int("--max-deletions", text("max_deletions"), 0),
         max_orphan_fraction=fraction,
         unreferenced=text("unreferenced"),

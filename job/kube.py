@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from job.config import Config
-from job.model import KubeNode, NetworkUnavailable
+from job.model import KubeNode, NetworkUnavailable, PodInfo
 from job.retry import RetryPolicy, network_reason, one_line
 
 log = structlog.get_logger("calico_gc.kube")
@@ -230,6 +230,20 @@ class Kube:
         """All Nodes, with their addresses and network-unavailable state."""
         return tuple(self.list_all("/api/v1/nodes", _kube_node))
 
+    def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None:
+        """Every Pod, page by page, handed to `take` as (namespace, name) and where it runs: only
+        what the caller keeps of them stays in memory."""
+        self.list_all("/api/v1/pods", lambda item: take(_pod_key(item), _pod_info(item)))
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        """A fresh GET of one Pod; None only on 404."""
+        try:
+            return _pod_info(self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
         try:
@@ -286,6 +300,20 @@ class Kube:
 
     def now(self) -> datetime:
         return self._clock()
+
+
+def _pod_key(item: dict[str, Any]) -> tuple[str, str]:
+    metadata = item.get("metadata") or {}
+    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+
+
+def _pod_info(item: dict[str, Any]) -> PodInfo:
+    node = (item.get("spec") or {}).get("nodeName")
+    status = item.get("status") or {}
+    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if isinstance(entry, dict)]
+    if not ips and status.get("podIP"):
+        ips = [status["podIP"]]
+    return PodInfo(node if isinstance(node, str) else None, tuple(ip for ip in ips if isinstance(ip, str)))
 
 
 def _kube_node(item: dict[str, Any]) -> KubeNode:

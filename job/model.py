@@ -130,14 +130,11 @@ class Inventory:
     cluster: ClusterInfo = ClusterInfo()
     problems: tuple[DataProblem, ...] = ()
     revision: int = 0
-    # Read only where the datastore offers them (Kubernetes datastore): IP pool CIDRs, the
-    # (namespace, name) of every pod, and what is known of kube-controllers.
     # False where hosts are only inferred from the data that names them (Kubernetes datastore):
     # a node without such data is then no sign of another cluster's datastore.
     hosts_registered: bool = True
-    pools: tuple[str, ...] = ()
-    pods: frozenset[tuple[str, str]] | None = None
-    kube_controllers: Mapping[str, object] | None = None
+    pools: tuple[str, ...] = ()  # IP pool CIDRs, for the IPAM check
+    kube_controllers: Mapping[str, object] | None = None  # Kubernetes datastore: who else cleans
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +146,14 @@ class NetworkUnavailable:
     message: str | None = None
     condition: bool = False
     taint_added: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """Where a Pod runs and the IPs it has (none yet while it starts)."""
+
+    node: str | None
+    ips: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,21 +13,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum
+from functools import partial
 from typing import Any, Protocol
 
 import structlog
 
 from job import __version__
-from job.apply import NodeChecker, apply_plan, apply_repairs, fill_before
-from job.audit import ipam_audit, with_repairs
+from job.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, fill_before
+from job.audit import ipam_audit, with_outcomes
 from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.ipam import held_counts, stale_handles
 from job.keep import KeepError, worth_keeping
 from job.kube import KubeError
+from job.leaks import Allocation, plan_leaks, pod_allocations, settle
 from job.metrics import push
-from job.model import Action, KubeNode
+from job.model import Action, Inventory, KubeNode, PodInfo
 from job.plan import plan_run
 from job.report import RunRecord, build
 from job.state import Loaded, StateError, StateStore
@@ -71,6 +73,10 @@ class ReportStore(Protocol):
 
 class NodeSource(NodeChecker, Protocol):
     def list_nodes(self) -> tuple[KubeNode, ...]: ...
+
+    def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None: ...
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None: ...
 
     def allowed(self, verb: str, group: str, resource: str, namespace: str, name: str) -> bool | None: ...
 
@@ -198,6 +204,24 @@ def _read_kubernetes(deps: Dependencies, config: Config) -> tuple[tuple[KubeNode
     return listed, deps.health(config)
 
 
+def _leaked(
+    inventory: Inventory, live_names: set[str], deps: Dependencies, record: RunRecord
+) -> list[Allocation] | None:
+    """Pod IPs on live nodes that no pod and no workload endpoint holds; None when the pods could
+    not be listed. The pods are listed after the blocks were read: an IP allocated since is not
+    in what was read, and a pod exists before its IP is allocated, so a new pod never looks leaked."""
+    endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
+    calico2 = deps.datastore.type == "etcdv2"
+    candidates = pod_allocations(inventory.blocks, live_names, endpoint_ips, calico2)
+    try:
+        deps.nodes.each_pod(partial(settle, candidates))
+    except KubeError as error:
+        log.warning("pods_not_listed", error=str(error))
+        record.error("unreadable", f"pods could not be listed, so leaked pod IPs are not checked: {error}")
+        return None
+    return [allocation for allocations in candidates.values() for allocation in allocations]
+
+
 def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> bool:
     try:
         state.save(grace_state)
@@ -244,9 +268,17 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
     held = held_counts(inventory.blocks)
     stale = stale_handles(inventory.handles, held, inventory.malformed_blocks)
+    live_names = {n.name for n in kube_nodes}
+    leaked = _leaked(inventory, live_names, deps, record)
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
-    record.audit = ipam_audit(inventory, {n.name for n in kube_nodes}, held, stale, plan.repairs)
+    busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
+    leak_plan = None
+    if leaked is not None:
+        blocks = {block.cidr: block for block in inventory.blocks}
+        leak_plan = plan_leaks(leaked, blocks, inventory.handles, grace_state, now, config, busy)
+    sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
+    record.audit = ipam_audit(inventory, live_names, held, stale, plan.repairs, leaked, leak_plan)
     record.health = diagnose(
         health_inputs,
         kube_nodes,
@@ -271,7 +303,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
             log.error("refused", guard=guard.name, message=guard.message)
         record.outcome = "refused"
         return ExitCode.REFUSED
-    saved = _save_state(deps.state, plan.next_grace_state, record)
+    saved = _save_state(deps.state, sightings, record)
     if not config.apply:
         return ExitCode.OK
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
@@ -279,11 +311,18 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     repairs, failures = apply_repairs(plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
     for failure in failures:
         record.error("unavailable", f"stale IPAM handle not repaired: {failure}")
-    record.audit = with_repairs(record.audit, repairs)
+    leak_actions: dict[str, str] = {}
+    if leak_plan is not None:
+        leak_actions, failures = apply_leaks(
+            leak_plan.releases, deps.datastore, deps.nodes, still_held, deps.stopping.is_set
+        )
+        for failure in failures:
+            record.error("unavailable", f"leaked pod IPs not released: {failure}")
+    record.audit = with_outcomes(record.audit, repairs, leak_actions)
     deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
     if deleted:
         # A name that comes back and is orphaned again must wait its full grace anew.
-        saved &= _save_state(deps.state, {n: t for n, t in plan.next_grace_state.items() if n not in deleted}, record)
+        saved &= _save_state(deps.state, {n: t for n, t in sightings.items() if n not in deleted}, record)
     if any(d.action is Action.FAILED for d in record.decisions):
         record.outcome = "partial_failure"
         return ExitCode.PARTIAL_FAILURE

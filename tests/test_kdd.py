@@ -256,7 +256,14 @@ def test_the_audit_counts_leaks_on_live_nodes_empty_handles_and_pool_use(harness
     audit = harness.run(kdd(harness))[0]["audit"]
     assert audit["leaked_ips"]["count"] == 1
     assert audit["leaked_ips"]["sample"] == [
-        {"ip": "100.96.1.9", "node": LIVE_A, "pod": "default/ghost", "handle": "k8s-pod-network.ghost"}
+        {
+            "ip": "100.96.1.9",
+            "node": LIVE_A,
+            "pod": "default/ghost",
+            "handle": "k8s-pod-network.ghost",
+            "since": "2026-11-30T12:00:00Z",
+            "action": "waiting_grace",
+        }
     ]
     assert audit["handles_without_allocations"] == {"count": 1, "sample": ["k8s-pod-network.stale"]}
     (pool,) = audit["pools"]

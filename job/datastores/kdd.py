@@ -167,7 +167,6 @@ class KddDatastore:
             cluster=self._cluster(problems),
             problems=tuple(sorted(problems, key=lambda p: (p.key, p.kind))),
             pools=self._pools(problems),
-            pods=self._pods(problems),
             kube_controllers=self._kube_controllers(),
         )
 
@@ -182,13 +181,6 @@ class KddDatastore:
     def _pools(self, problems: list[DataProblem]) -> tuple[str, ...]:
         cidrs = [(obj.get("spec") or {}).get("cidr") for obj in self._list("ippools", problems, required=False)]
         return tuple(sorted(c for c in cidrs if isinstance(c, str)))
-
-    def _pods(self, problems: list[DataProblem]) -> frozenset[tuple[str, str]] | None:
-        try:
-            return frozenset(self._kube.list_all("/api/v1/pods", _pod_key))
-        except KubeError as error:
-            problems.append(DataProblem("unreadable", "pods", f"no leaked-IP audit: {error}"))
-            return None
 
     def _kube_controllers(self) -> dict[str, object]:
         """Who else cleans: the kube-controllers Deployment and its node controller's leak grace."""
@@ -320,8 +312,3 @@ def _pending_deletion(affinity: dict[str, Any]) -> dict[str, Any]:
 
 
 _MARKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {BLOCKS: _tombstone, AFFINITIES: _pending_deletion}
-
-
-def _pod_key(pod: dict[str, Any]) -> tuple[str, str]:
-    metadata = pod.get("metadata") or {}
-    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))

@@ -1,0 +1,187 @@
+"""Leaked pod IPs (pure): allocations on live nodes for a pod that is gone, runs on another node,
+or holds other IPs now, and that no workload endpoint holds (docs/calico-data.md, "Leaked pod
+IPs"). Found by settling every pod allocation against the pods as they are listed, page by page;
+what no pod settles is leaked. Released only when asked, after --leak-grace-period of being seen
+leaked in every run, and each block's release is re-checked against its pods right before it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
+from datetime import datetime
+
+from job.config import Config
+from job.ipam import block_data, dump, held_by, lowered_handle, normal_cidr, parse_handle, release
+from job.model import IpamBlock, IpamHandle, PodInfo, Step, Write
+
+# What a run does about a leaked IP (the report's audit.leaked_ips.sample[].action).
+LEAK_WAITING = "waiting_grace"
+LEAK_REPORTED = "reported"  # leak release is off (--release-leaked-ips)
+LEAK_WOULD_RELEASE = "would_release"
+LEAK_RELEASED = "released"
+LEAK_DEFERRED = "deferred"  # over --max-leak-releases, or the run stopped first
+LEAK_LEFT_TO_HOST = "left_to_host"  # its block is written by a host this run removes
+LEAK_POD_BACK = "pod_back"  # the pod was there again at the re-check
+LEAK_CHANGED = "changed"  # the block or handle was written meanwhile: decided again next run
+LEAK_FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One pod IP as its block records it."""
+
+    ip: str
+    cidr: str
+    ordinal: int
+    handle: str
+    node: str  # "" on Calico 2.x, which records no node: any pod of that name then holds it
+    namespace: str
+    pod: str
+
+    def settled_by(self, pod: PodInfo) -> bool:
+        """The pod still holds this IP: same node, and this IP among its IPs (or none yet)."""
+        if not self.node:
+            return True
+        return pod.node == self.node and (not pod.ips or self.ip in pod.ips)
+
+
+def pod_allocations(
+    blocks: Iterable[IpamBlock], live_nodes: Set[str], endpoint_ips: Set[str], calico2: bool = False
+) -> dict[tuple[str, str], list[Allocation]]:
+    """Every allocation that names a pod, on a live node, that no workload endpoint holds; by
+    (namespace, pod). Allocations of nodes that are gone go with their host instead. Calico 2.x
+    records no node: there the pod is named by the handle, and only a pod that is gone counts."""
+    found: dict[tuple[str, str], list[Allocation]] = defaultdict(list)
+    for block in blocks:
+        data = block_data(block)
+        if not calico2 and not any(owner in live_nodes for owner in block.owners.values()):
+            continue
+        network = ipaddress.ip_network(block.cidr)
+        attributes = data.get("attributes") or []
+        for ordinal, index in enumerate(data["allocations"]):
+            if index is None:
+                continue
+            attribute = attributes[index]
+            handle = attribute.get("handle_id")
+            if not isinstance(handle, str) or not handle:
+                continue
+            secondary = attribute.get("secondary") or {}
+            names: tuple[object, object, object]
+            if calico2 and not secondary and "." in handle:  # Calico 2.x's CNI: <namespace>.<pod>
+                namespace_part, pod_part = handle.split(".", 1)
+                names = ("", namespace_part, pod_part)
+            else:
+                names = (secondary.get("node"), secondary.get("namespace"), secondary.get("pod"))
+                if not (isinstance(names[0], str) and names[0] in live_nodes):
+                    continue
+            node, namespace, pod = names
+            ip = str(network.network_address + ordinal)
+            if pod and namespace and ip not in endpoint_ips:
+                found[(str(namespace), str(pod))].append(
+                    Allocation(ip, block.cidr, ordinal, handle, str(node), str(namespace), str(pod))
+                )
+    return found
+
+
+def settle(candidates: dict[tuple[str, str], list[Allocation]], key: tuple[str, str], pod: PodInfo) -> None:
+    """Drop from `candidates` the allocations this listed pod still holds."""
+    allocations = candidates.get(key)
+    if allocations is None:
+        return
+    left = [a for a in allocations if not a.settled_by(pod)]
+    if left:
+        candidates[key] = left
+    else:
+        del candidates[key]
+
+
+def sighting(allocation: Allocation) -> str:
+    return f"leak:{allocation.ip}@{allocation.handle}"
+
+
+@dataclass(frozen=True)
+class LeakRelease:
+    """The release of one block's leaked IPs (one step: its handles, then the block)."""
+
+    cidr: str
+    leaks: tuple[Allocation, ...]
+    step: Step
+
+
+@dataclass(frozen=True)
+class LeakPlan:
+    actions: Mapping[str, str]  # ip -> what this run does about it
+    since: Mapping[str, datetime]  # ip -> first seen leaked
+    releases: tuple[LeakRelease, ...]
+    sightings: Mapping[str, datetime]
+
+
+def plan_leaks(
+    leaked: Sequence[Allocation],
+    blocks: Mapping[str, IpamBlock],
+    handles: Mapping[str, IpamHandle],
+    grace_state: Mapping[str, datetime],
+    now: datetime,
+    config: Config,
+    busy: Set[str],
+) -> LeakPlan:
+    """What to do about each leaked IP. `busy`: keys a host of this run writes anyway."""
+    actions: dict[str, str] = {}
+    since: dict[str, datetime] = {}
+    sightings: dict[str, datetime] = {}
+    ripe: dict[str, list[Allocation]] = defaultdict(list)
+    for allocation in sorted(leaked, key=lambda a: (a.cidr, a.ordinal)):
+        mark = sighting(allocation)
+        first = sightings[mark] = since[allocation.ip] = min(grace_state.get(mark, now), now)
+        if now - first < config.leak_grace_period:
+            actions[allocation.ip] = LEAK_WAITING
+        elif not config.release_leaked_ips:
+            actions[allocation.ip] = LEAK_REPORTED
+        elif blocks[allocation.cidr].item.key in busy:
+            actions[allocation.ip] = LEAK_LEFT_TO_HOST
+        else:
+            ripe[allocation.cidr].append(allocation)
+    releases = []
+    taken = 0
+    for cidr, allocations in ripe.items():
+        if taken + len(allocations) > config.max_leak_releases:
+            actions.update((a.ip, LEAK_DEFERRED) for a in allocations)
+            continue
+        step = _release_step(blocks[cidr], allocations, handles)
+        if step is None:
+            actions.update((a.ip, LEAK_DEFERRED) for a in allocations)
+            continue
+        taken += len(allocations)
+        actions.update((a.ip, LEAK_WOULD_RELEASE) for a in allocations)
+        releases.append(LeakRelease(cidr, tuple(allocations), step))
+    return LeakPlan(actions, since, tuple(releases), sightings)
+
+
+def _release_step(
+    block: IpamBlock, allocations: Sequence[Allocation], handles: Mapping[str, IpamHandle]
+) -> Step | None:
+    """The block with the leaked IPs freed, and each of their handles lowered to what the block
+    holds for it then (absolute, never raised), handles first; None if a handle is unreadable."""
+    released, _ = release(block_data(block), {a.ordinal for a in allocations})
+    writes = []
+    for handle_id in sorted({a.handle for a in allocations}):
+        handle = handles.get(handle_id)
+        if handle is None:
+            continue  # a missing handle is reported as such; the block is released all the same
+        data = parse_handle(handle.item.value or "")
+        if not isinstance(data, dict) or not isinstance(data.get("block"), dict):
+            return None
+        held = {k: held_by(released, handle_id) for k in data["block"] if normal_cidr(k) == block.cidr}
+        lowered = lowered_handle(data, held)
+        if lowered != data:
+            writes.append(
+                Write(
+                    handle.item.key, handle.item.revision, None if lowered is None else dump(lowered), handle.item.value
+                )
+            )
+    writes.append(Write(block.item.key, block.item.revision, dump(released), block.item.value))
+    ips = ", ".join(a.ip for a in allocations)
+    return Step(f"release leaked pod IPs {ips} in block {block.cidr}", tuple(writes))

@@ -1,0 +1,182 @@
+"""Leaked pod IPs on live nodes: always reported; released only with --release-leaked-ips, after
+--leak-grace-period of being seen leaked in every run, and never while the pod holds the IP.
+On etcd v3 and v2 against the real etcd, and on the Kubernetes datastore."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from tests.conftest import Harness
+from tests.support import calico, calico2
+from tests.support import scenario as s
+from tests.test_etcdv2 import seeded
+from tests.test_kdd import CRD, LIVE_A, kdd, seed_kdd
+
+WEB0_IP = "100.96.0.5"  # web-0 on the first live node, in its block 100.96.0.0/26
+BLOCK = "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"
+RELEASE = {"release_leaked_ips": True, "exclude": (r"ip-10-0-1-13\..*", r"ip-10-0-1-20\..*")}
+
+
+def leak_web0(harness: Harness) -> str:
+    """web-0's pod was deleted while its CNI DEL was lost: its endpoint is gone, its IP stays."""
+    harness.seed(s.kops_cluster())
+    endpoint = next(k for k in harness.dump() if "workloadendpoints/default/" in k and "web--0" in k)
+    calico.delete(harness.etcd.url, endpoint)
+    block = json.loads(harness.dump()[BLOCK][0])
+    return str(next(a["handle_id"] for a in block["attributes"] if a["secondary"].get("pod") == "web-0"))
+
+
+def leaks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["ip"]: entry for entry in report["audit"]["leaked_ips"]["sample"]}
+
+
+def add_pod(harness: Harness, node: str, ip: str | None, name: str = "web-0") -> None:
+    status = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
+    harness.kubeapi.put(
+        "/api/v1/namespaces/default/pods",
+        {"metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": node}, "status": status},
+    )
+
+
+def test_a_leaked_ip_is_reported_and_only_released_when_asked_after_its_grace(harness: Harness) -> None:
+    handle = leak_web0(harness)
+    first, _ = harness.run(harness.config(apply=True, exclude=RELEASE["exclude"]))
+    assert first["audit"]["leaked_ips"]["count"] == 1
+    assert leaks(first)[WEB0_IP] | {"since": None} == {
+        "ip": WEB0_IP,
+        "node": s.LIVE[0],
+        "pod": "default/web-0",
+        "handle": handle,
+        "since": None,
+        "action": "waiting_grace",
+    }
+    harness.now += timedelta(minutes=16)
+    before = harness.dump()
+    second, _ = harness.run(harness.config(apply=True, exclude=RELEASE["exclude"]))
+    assert leaks(second)[WEB0_IP]["action"] == "reported", "off by default"
+    assert harness.dump() == before
+
+
+def test_with_release_on_a_leak_seen_for_its_grace_is_released_exactly(harness: Harness) -> None:
+    handle = leak_web0(harness)
+    config = harness.config(apply=True, **RELEASE)
+    first, _ = harness.run(config)
+    assert leaks(first)[WEB0_IP]["action"] == "waiting_grace"
+    harness.now += timedelta(minutes=10)
+    early, _ = harness.run(config)
+    assert leaks(early)[WEB0_IP]["action"] == "waiting_grace", "never before the grace is over"
+    harness.now += timedelta(minutes=6)
+    before = harness.dump()
+    report, code = harness.run(config)
+    assert code == 0 and leaks(report)[WEB0_IP]["action"] == "released"
+    assert report["audit"]["leaked_ips"]["released"] == 1
+    after = harness.dump()
+    block = json.loads(after[BLOCK][0])
+    assert block["allocations"][5] is None and 5 in block["unallocated"]
+    assert f"/calico/ipam/v2/handle/{handle}" not in after
+    assert {k for k in before if after.get(k) != before[k]} == {BLOCK, f"/calico/ipam/v2/handle/{handle}"}
+    assert calico.ipam_problems({k: v for k, (v, _) in after.items()}) == []
+
+
+def test_a_live_pods_ip_is_never_leaked_and_a_moved_or_readdressed_pod_is(harness: Harness) -> None:
+    leak_web0(harness)
+    add_pod(harness, s.LIVE[0], WEB0_IP)
+    report, _ = harness.run()
+    assert report["audit"]["leaked_ips"]["count"] == 0, "the pod holds it, endpoint or not"
+    add_pod(harness, s.LIVE[0], None)
+    report, _ = harness.run()
+    assert report["audit"]["leaked_ips"]["count"] == 0, "a pod still starting may get this very IP"
+    add_pod(harness, s.LIVE[1], "100.96.1.7")
+    report, _ = harness.run()
+    assert list(leaks(report)) == [WEB0_IP], "the pod of that name runs on another node now"
+    add_pod(harness, s.LIVE[0], "100.96.0.33")
+    report, _ = harness.run()
+    assert list(leaks(report)) == [WEB0_IP], "the pod has another IP now"
+
+
+def test_the_grace_restarts_when_a_leak_is_not_seen_in_one_run(harness: Harness) -> None:
+    leak_web0(harness)
+    config = harness.config(apply=True, **RELEASE)
+    harness.run(config)
+    harness.now += timedelta(minutes=10)
+    add_pod(harness, s.LIVE[0], WEB0_IP)
+    harness.run(config)  # the pod is listed again: not leaked in this run
+    harness.kubeapi.objects["/api/v1/namespaces/default/pods"].pop("web-0")
+    harness.now += timedelta(minutes=10)
+    report, _ = harness.run(config)
+    assert leaks(report)[WEB0_IP]["action"] == "waiting_grace"
+    assert leaks(report)[WEB0_IP]["since"] == "2026-11-30T12:20:00Z"
+
+
+def test_a_pod_back_at_the_recheck_keeps_its_ip(harness: Harness) -> None:
+    leak_web0(harness)
+    config = harness.config(apply=True, **RELEASE)
+    harness.run(config)
+    harness.now += timedelta(minutes=20)
+    # The pod shows up between the list and the release: the GET right before the write sees it.
+    harness.kubeapi.on("GET", "/api/v1/namespaces/default/pods/web-0$", lambda: add_pod(harness, s.LIVE[0], WEB0_IP))
+    before = harness.dump()
+    report, _ = harness.run(config)
+    assert leaks(report)[WEB0_IP]["action"] == "pod_back"
+    assert harness.dump()[BLOCK] == before[BLOCK]
+
+
+def test_an_ip_allocated_after_the_blocks_were_read_is_not_seen_as_leaked(harness: Harness) -> None:
+    """The blocks are read before the pods are listed: a pod created meanwhile either is listed,
+    or its IP was allocated after the blocks were read and is not in what this run saw."""
+    leak_web0(harness)
+    fresh = {"handle_id": "k8s-pod-network.fresh", "secondary": {"node": s.LIVE[0], "namespace": "default"}}
+    fresh["secondary"]["pod"] = "fresh"
+
+    def new_pod_allocates() -> None:  # a new pod's IP lands while the pod list is being read
+        block = json.loads(calico.dump(harness.etcd.url)[BLOCK][0])
+        block["attributes"].append(fresh)
+        block["allocations"][20] = len(block["attributes"]) - 1
+        block["unallocated"].remove(20)
+        calico.load(harness.etcd.url, {BLOCK: json.dumps(block)})
+
+    harness.kubeapi.on("GET", "^/api/v1/pods$", new_pod_allocates)
+    report, _ = harness.run()
+    assert list(leaks(report)) == [WEB0_IP]
+
+
+def test_the_per_run_cap_defers_the_rest(harness: Harness) -> None:
+    leak_web0(harness)
+    config = harness.config(apply=True, max_leak_releases=0, **RELEASE)
+    harness.run(config)
+    harness.now += timedelta(minutes=20)
+    report, _ = harness.run(config)
+    assert leaks(report)[WEB0_IP]["action"] == "deferred"
+
+
+def test_kubernetes_datastore_leak_is_released_after_its_grace(harness: Harness) -> None:
+    seed_kdd(harness.kubeapi)
+    config = kdd(harness, apply=True, release_leaked_ips=True, exclude=("worker-gone",))
+    first, _ = harness.run(config)
+    assert leaks(first)["100.96.1.9"]["action"] == "waiting_grace"
+    harness.now += timedelta(minutes=20)
+    report, code = harness.run(config)
+    assert code == 0 and leaks(report)["100.96.1.9"]["action"] == "released"
+    block = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26")
+    assert block is not None and block["spec"]["allocations"][9] is None
+    assert harness.kubeapi.get(f"{CRD}/ipamhandles", "k8s-pod-network.ghost") is None
+    assert "web-a" in {a["secondary"].get("pod") for a in block["spec"]["attributes"]}, f"{LIVE_A}'s pod keeps its IP"
+
+
+def test_calico_2_leaks_are_pods_gone_by_their_handle(harness: Harness) -> None:
+    """Calico 2.x records no node on an allocation; its CNI names the handle <namespace>.<pod>.
+    An IP whose endpoint and pod are both gone is leaked; a pod of that name anywhere holds it."""
+    seeded(harness)
+    endpoint = "/calico/v1/host/ip-10-0-2-11.ec2.internal/workload/k8s/shop.api-1/endpoint/eth0"
+    calico2._session().delete(f"{harness.etcd.url}/v2/keys{endpoint}", timeout=10).raise_for_status()
+    config = harness.config(datastore_type="etcdv2", exclude=(r".*",))
+    report, _ = harness.run(config)
+    assert {(e["pod"], e["handle"]) for e in report["audit"]["leaked_ips"]["sample"]} == {("shop/api-1", "shop.api-1")}
+    harness.kubeapi.put(
+        "/api/v1/namespaces/shop/pods",
+        {"metadata": {"name": "api-1", "namespace": "shop"}, "spec": {"nodeName": "anywhere"}, "status": {}},
+    )
+    report, _ = harness.run(config)
+    assert report["audit"]["leaked_ips"]["count"] == 0
