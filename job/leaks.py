@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from job.config import Config
-from job.ipam import block_data, dump, held_by, lowered_handle, normal_cidr, parse_handle, release
+from job.ipam import block_data, dump, handle_problem, held_by, lowered_handle, normal_cidr, parse_handle, release
 from job.model import IpamBlock, IpamHandle, PodInfo, Step, Write
 
 # What a run does about a leaked IP (the report's audit.leaked_ips.sample[].action).
@@ -27,6 +27,9 @@ LEAK_LEFT_TO_HOST = "left_to_host"  # its block is written by a host this run re
 LEAK_POD_BACK = "pod_back"  # the pod was there again at the re-check
 LEAK_CHANGED = "changed"  # the block or handle was written meanwhile: decided again next run
 LEAK_FAILED = "failed"
+# Leaks whose first sighting is kept in the grace state (about 100 bytes each: the state's
+# ConfigMap must stay well under 1 MiB); the rest are reported and wait for a later run.
+MAX_TRACKED = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +136,10 @@ def plan_leaks(
     since: dict[str, datetime] = {}
     sightings: dict[str, datetime] = {}
     ripe: dict[str, list[Allocation]] = defaultdict(list)
-    for allocation in sorted(leaked, key=lambda a: (a.cidr, a.ordinal)):
+    for number, allocation in enumerate(sorted(leaked, key=lambda a: (a.cidr, a.ordinal))):
+        if number >= MAX_TRACKED:
+            actions[allocation.ip] = LEAK_DEFERRED
+            continue
         mark = sighting(allocation)
         first = sightings[mark] = since[allocation.ip] = min(grace_state.get(mark, now), now)
         if now - first < config.leak_grace_period:
@@ -172,7 +178,7 @@ def _release_step(
         if handle is None:
             continue  # a missing handle is reported as such; the block is released all the same
         data = parse_handle(handle.item.value or "")
-        if not isinstance(data, dict) or not isinstance(data.get("block"), dict):
+        if data is None or handle_problem(data) is not None:
             return None
         held = {k: held_by(released, handle_id) for k in data["block"] if normal_cidr(k) == block.cidr}
         lowered = lowered_handle(data, held)
