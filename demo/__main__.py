@@ -133,9 +133,12 @@ def main() -> int:
                 print(result.stderr[-2000:], file=sys.stderr)
                 return result.returncode or 1
         # IPAM garbage: someone "cleaned" the restored host by deleting only its Calico Node (its IPAM,
-        # endpoints and config stay: an IPAM-only host), and a crash left a live pod's handle
-        # counting one IP more than its block holds.
+        # endpoints and config stay: an IPAM-only host); a crash left a live pod's handle counting
+        # one IP more than its block holds; and web-2 was deleted while its CNI DEL was lost (its
+        # endpoint is gone, its IP stays allocated: a leak).
         calico.delete(etcd.url, f"/calico/resources/v3/projectcalico.org/nodes/{POD_ORPHAN}")
+        web2 = next(k for k in calico.dump(etcd.url) if "workloadendpoints/default/" in k and "web--2" in k)
+        calico.delete(etcd.url, web2)
         keys = calico.dump(etcd.url)
         block = json.loads(keys["/calico/ipam/v2/assignment/ipv4/block/100.96.1.0-26"][0])
         web1 = next(a["handle_id"] for a in block["attributes"] if a["secondary"].get("pod") == "web-1")
@@ -144,8 +147,11 @@ def main() -> int:
         value["block"] = {cidr: count + 1 for cidr, count in value["block"].items()}
         calico.load(etcd.url, {handle: json.dumps(value)})
         for title, args in [
-            ("7. IPAM garbage, dry run: the IPAM-only host and the stale handle", []),
-            ("8. --apply: the IPAM-only host goes; the handle waits for a second sighting", ["--apply"]),
+            ("7. IPAM garbage, dry run: the IPAM-only host, the stale handle, the leaked IP", []),
+            (
+                "8. --apply --release-leaked-ips: the IPAM-only host goes; handle and leak wait out their grace",
+                ["--apply", "--release-leaked-ips"],
+            ),
         ]:
             before = len(calico.dump(etcd.url))
             result = job(env, *args, "--grace-period", "0s")
@@ -154,7 +160,8 @@ def main() -> int:
             if result.returncode != 0:
                 print(result.stderr[-2000:], file=sys.stderr)
                 return result.returncode
-        print("(a run 5 minutes or more later, the handle unchanged, lowers it to what its block holds)")
+        print("(a run 5 minutes or more later, the handle unchanged, lowers it to what its block holds; one")
+        print(" 15 minutes or more later, web-2 still gone, releases its IP: docs/calico-data.md)")
         state = kubeapi.get("/api/v1/namespaces/kube-system/configmaps", "calico-gc-state")
         print(f"\ngrace state ConfigMap kube-system/calico-gc-state: {state['data']['state.json'] if state else None}")
         print("Each command printed its summary on stdout (--output json gives the JSON report); the runs also")

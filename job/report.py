@@ -187,15 +187,17 @@ def render_text(report: dict[str, Any]) -> str:
 def ipam_line(audit: dict[str, Any]) -> str:
     """The IPAM check in one line: how full the pools are, and what garbage it found."""
     pools = ", ".join(f"{p['cidr']} {p['utilisation']:.2%} full" for p in audit["pools"]) or "no pools read"
-    stale = audit["stale_handles"]
-    actions = Counter(entry["action"] for entry in stale["sample"])
-    done = f" ({', '.join(f'{a} {n}' for a, n in sorted(actions.items()))})" if actions else ""
-    leaked = audit["leaked_ips"]["count"]
+
+    def found(entry: dict[str, Any]) -> str:
+        actions = Counter(item["action"] for item in entry["sample"])
+        detail = f" ({', '.join(f'{a} {n}' for a, n in sorted(actions.items()))})" if actions else ""
+        return f"{'not checked' if entry['count'] is None else entry['count']}{detail}"
+
     return (
         f"ipam: {audit['blocks']} blocks, {audit['allocated']} IPs allocated; {pools}; "
-        f"IPAM-only hosts {audit['ipam_only_hosts']['count']}; stale handles {stale['count']}{done}; "
+        f"IPAM-only hosts {audit['ipam_only_hosts']['count']}; stale handles {found(audit['stale_handles'])}; "
         f"allocations without a handle {audit['dangling_allocations']['count']}; "
-        f"leaked pod IPs {'not checked' if leaked is None else leaked}"
+        f"leaked pod IPs {found(audit['leaked_ips'])}"
     )
 
 

@@ -144,3 +144,27 @@ def test_a_handle_a_deleted_host_writes_anyway_is_left_to_it(harness: Harness) -
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and stale_entry(report, tunnel)["action"] == "left_to_host"
     assert tunnel not in harness.dump()
+
+
+def test_dual_stack_on_etcd_v3_pools_of_each_version_and_the_orphans_ipv6_block(harness: Harness) -> None:
+    scenario = s.kops_cluster()
+    seed = scenario.seed
+    seed.resource("ippools", "default-ipv4-ippool", "IPPool", {"cidr": "100.96.0.0/16"})
+    seed.resource("ippools", "default-ipv6-ippool", "IPPool", {"cidr": "fd00:96::/48"})
+    seed.block("fd00:96::/122", s.LIVE[0])
+    seed.block("fd00:96::40/122", s.POD_ORPHAN)
+    seed.pod(s.LIVE[0], "default", "dual-0", "100.96.0.7", ipv6="fd00:96::7")
+    seed.pod(s.POD_ORPHAN, "shop", "dual-1", "100.96.20.7", ipv6="fd00:96::47")
+    seed.pod(s.LIVE[1], "shop", "dual-2", "100.96.1.8", ipv6="fd00:96::48")  # borrowed from the orphan's block
+    harness.seed(scenario)
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2
+    pools = {p["cidr"]: (p["blocks"], p["allocated"]) for p in report["audit"]["pools"]}
+    assert set(pools) == {"100.96.0.0/16", "fd00:96::/48"} and pools["fd00:96::/48"] == (2, 3)
+    after = {k: v for k, (v, _) in harness.dump().items()}
+    lending = json.loads(after["/calico/ipam/v2/assignment/ipv6/block/fd00:96::40-122"])
+    assert lending["affinity"] is None, "it still lends dual-2 its IPv6 address"
+    assert [a["secondary"]["pod"] for a in lending["attributes"]] == ["dual-2"]
+    assert f"/calico/ipam/v2/host/{s.POD_ORPHAN}/ipv6/block/fd00:96::40-122" not in after
+    assert "/calico/ipam/v2/assignment/ipv6/block/fd00:96::-122" in after
+    assert calico.ipam_problems(after) == []
