@@ -12,7 +12,7 @@ import pytest
 
 from job.cli import main
 from tests.conftest import Harness
-from tests.support import calico
+from tests.support import calico, calico2
 from tests.support import scenario as s
 from tests.test_etcdv2 import seeded
 from tests.test_health import Pushgateway, cli_env, pushgateway  # noqa: F401 (a fixture)
@@ -166,5 +166,27 @@ def test_dual_stack_on_etcd_v3_pools_of_each_version_and_the_orphans_ipv6_block(
     assert lending["affinity"] is None, "it still lends dual-2 its IPv6 address"
     assert [a["secondary"]["pod"] for a in lending["attributes"]] == ["dual-2"]
     assert f"/calico/ipam/v2/host/{s.POD_ORPHAN}/ipv6/block/fd00:96::40-122" not in after
+    assert "/calico/ipam/v2/assignment/ipv6/block/fd00:96::-122" in after
+    assert calico.ipam_problems(after) == []
+
+
+def test_dual_stack_on_etcd_v2_the_orphans_ipv6_block_goes_and_the_v6_pool_is_checked(harness: Harness) -> None:
+    from tests.support.calico2 import LIVE, ORPHAN, kops_18_cluster
+
+    seed, k8s = kops_18_cluster()
+    seed.put("/calico/v1/ipam/v6/pool/fd00:96::-48", json.dumps({"cidr": "fd00:96::/48"}))
+    seed.block("fd00:96::/122", LIVE[0])
+    seed.block("fd00:96::40/122", ORPHAN)
+    seed.pod(LIVE[0], "default", "dual-0", "100.96.0.7", ipv6="fd00:96::7")
+    seed.pod(ORPHAN, "shop", "dual-1", "100.96.20.7", ipv6="fd00:96::47")
+    seed.load(harness.etcd.url)
+    for name, ip in k8s:
+        harness.kubeapi.add_node(name, ip)
+    report, code = harness.run(harness.config(datastore_type="etcdv2", apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2
+    assert {p["cidr"] for p in report["audit"]["pools"]} == {"100.96.0.0/11", "fd00:96::/48"}
+    after = {k: v for k, (v, _) in calico2.dump(harness.etcd.url).items()}
+    assert "/calico/ipam/v2/assignment/ipv6/block/fd00:96::40-122" not in after, "emptied, so deleted"
+    assert f"/calico/ipam/v2/host/{ORPHAN}/ipv6/block/fd00:96::40-122" not in after
     assert "/calico/ipam/v2/assignment/ipv6/block/fd00:96::-122" in after
     assert calico.ipam_problems(after) == []

@@ -43,12 +43,15 @@ class Calico2Seed:
             "unallocated": list(range(size)),
             "attributes": [],
         }
+        version = ipaddress.ip_network(cidr).version
         if host:
-            self.put(f"/calico/ipam/v2/host/{host}/ipv4/block/{cidr.replace('/', '-')}", "")
+            self.put(f"/calico/ipam/v2/host/{host}/ipv{version}/block/{cidr.replace('/', '-')}", "")
         self._sync(cidr)
 
     def _sync(self, cidr: str) -> None:
-        self.put(f"/calico/ipam/v2/assignment/ipv4/block/{cidr.replace('/', '-')}", json.dumps(self.blocks[cidr]))
+        version = ipaddress.ip_network(cidr).version
+        key = f"/calico/ipam/v2/assignment/ipv{version}/block/{cidr.replace('/', '-')}"
+        self.put(key, json.dumps(self.blocks[cidr]))
 
     def allocate(self, ip: str, handle: str | None) -> None:
         address = ipaddress.ip_address(ip)
@@ -86,9 +89,11 @@ class Calico2Seed:
         if felix_alive:
             self.put(felix + "status", json.dumps({"time": "2026-11-30T05:00:00Z", "uptime": 10}), ttl=600)
 
-    def pod(self, host: str, namespace: str, pod: str, ip: str) -> None:
+    def pod(self, host: str, namespace: str, pod: str, ip: str, ipv6: str | None = None) -> None:
         handle = f"{namespace}.{pod}"
         self.allocate(ip, handle)
+        if ipv6:
+            self.allocate(ipv6, handle)
         self.put(
             f"/calico/v1/host/{host}/workload/k8s/{namespace}.{pod}/endpoint/eth0",
             json.dumps(
@@ -98,7 +103,7 @@ class Calico2Seed:
                     "mac": "ee:ee:ee:ee:ee:ee",
                     "profile_ids": [f"k8s_ns.{namespace}"],
                     "ipv4_nets": [f"{ip}/32"],
-                    "ipv6_nets": [],
+                    "ipv6_nets": [f"{ipv6}/128"] if ipv6 else [],
                     "labels": {"calico/k8s_ns": namespace},
                 }
             ),
