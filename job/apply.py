@@ -1,6 +1,6 @@
 """Carry out a plan: per host, re-check Kubernetes, then commit its steps in order.
 
-A step whose compare fails is never patched up here: the datastore is read again and the
+A step whose compare fails is never patched up here: the host's keys are read again and the
 pure planner decides that host again.
 """
 
@@ -23,8 +23,17 @@ from job.leaks import (
     LEAK_RELEASED,
     LeakRelease,
 )
-from job.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step
-from job.plan import HANDLE_CHANGED, HANDLE_DEFERRED, HANDLE_FAILED, HANDLE_REPAIRED, k8s_link, replan_host
+from job.model import Action, HandleRepair, HostDecision, Inventory, Plan, PodInfo, Step
+from job.plan import (
+    HANDLE_CHANGED,
+    HANDLE_DEFERRED,
+    HANDLE_FAILED,
+    HANDLE_REPAIRED,
+    host_items,
+    k8s_link,
+    refreshed,
+    replan_host,
+)
 from job.retry import describe_error
 
 log = structlog.get_logger("calico_gc.apply")
@@ -61,7 +70,9 @@ def fill_before(decisions: Sequence[HostDecision], datastore: Datastore, revisio
     return tuple(replace(d, steps=tuple(filled(step) for step in d.steps)) for d in decisions)
 
 
-def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config) -> HostDecision:
+def apply_host(
+    decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config, inventory: Inventory
+) -> HostDecision:
     """Delete one host; the result says deleted, skipped or failed, with what was committed."""
     host = decision.host.name
     link = k8s_link(decision.host, config) or host
@@ -100,7 +111,10 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
                     break
             else:
                 return outcome(Action.DELETED, decision.reason)
-            inventory = datastore.read()
+            # Read again only what this host's steps touch, and decide the host again from that.
+            keys = {w.key for step in current.steps for w in step.writes} | {i.key for i in host_items(current.host)}
+            now = datastore.current(sorted(key for key in keys if not key.endswith("/")))
+            inventory = refreshed(inventory, now, keys)
             current = replan_host(inventory, current)
             if current is not None:
                 (current,) = fill_before((current,), datastore, inventory.revision)
@@ -115,11 +129,13 @@ def apply_host(decision: HostDecision, datastore: Datastore, nodes: NodeChecker,
     return outcome(Action.FAILED, "conflicts_persisted", f"data kept changing over {MAX_REPLANS} re-reads")
 
 
-def _apply_guarded(decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config) -> HostDecision:
+def _apply_guarded(
+    decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config, inventory: Inventory
+) -> HostDecision:
     """A bug met while deleting one host fails that host, never the run: the others go on and
     the report says what really happened to each."""
     try:
-        return apply_host(decision, datastore, nodes, config)
+        return apply_host(decision, datastore, nodes, config, inventory)
     except Exception as error:
         log.exception("unexpected_error", host=decision.host.name)
         return replace(decision, action=Action.FAILED, reason=UNEXPECTED, steps=(), error=describe_error(error))
@@ -127,6 +143,7 @@ def _apply_guarded(decision: HostDecision, datastore: Datastore, nodes: NodeChec
 
 def apply_plan(
     plan: Plan,
+    inventory: Inventory,
     datastore: Datastore,
     nodes: NodeChecker,
     config: Config,
@@ -148,7 +165,7 @@ def apply_plan(
                 log.warning("host_not_started", host=decision.host.name, reason=halted)
                 decision = replace(decision, action=Action.SKIPPED, reason=halted, steps=())
             else:
-                decision = _apply_guarded(decision, datastore, nodes, config)
+                decision = _apply_guarded(decision, datastore, nodes, config, inventory)
         results.append(decision)
     return tuple(results)
 

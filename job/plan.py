@@ -4,25 +4,39 @@ orphan is removed. A function of what was read, the clock and the grace state; n
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from job.config import Config
-from job.ipam import MAX_TXN_WRITES, IpamIndex, StaleHandle, dump, plan_release, tunnel_handle_node
+from job.ipam import (
+    MAX_TXN_WRITES,
+    IpamIndex,
+    StaleHandle,
+    block_shape_problem,
+    dump,
+    plan_release,
+    summarize_block,
+    tunnel_handle_node,
+)
 from job.model import (
     Action,
+    BlockAffinity,
     CalicoHost,
     GuardFinding,
     HandleRepair,
     HostDecision,
     Inventory,
+    IpamBlock,
+    IpamHandle,
     IpConflict,
     KubeNode,
     Plan,
     Step,
     StoredItem,
+    WorkloadEndpoint,
     Write,
 )
 
@@ -336,3 +350,71 @@ def replan_host(inventory: Inventory, previous: HostDecision) -> HostDecision | 
             host, Action.SKIPPED, MALFORMED_DATA, previous.orphaned_since, previous.conflict, error=problem
         )
     return HostDecision(host, previous.action, previous.reason, previous.orphaned_since, previous.conflict, steps)
+
+
+def refreshed(inventory: Inventory, now: Mapping[str, StoredItem], keys: Set[str]) -> Inventory:
+    """`inventory` with the entries at `keys` as they are now (`now`; a key absent from it is
+    gone). After a failed compare only the keys of the host's own steps are read again, not the
+    whole datastore: nothing allocates to a gone host, so what can have moved is in its steps.
+    Directories (keys ending "/") are kept: they are not read, only removed once empty."""
+
+    def fresh(item: StoredItem) -> StoredItem | None:
+        if item.key not in keys or item.key.endswith("/"):
+            return item
+        return now.get(item.key)
+
+    blocks, malformed = [], list(inventory.malformed_blocks)
+    for block in inventory.blocks:
+        item = fresh(block.item)
+        if item is block.item:
+            blocks.append(block)
+        elif item is not None:
+            summary = _block(item, block.cidr)
+            if summary is None:
+                malformed.append(block.cidr)
+            else:
+                blocks.append(summary)
+    handles = {}
+    for handle_id, handle in inventory.handles.items():
+        item = fresh(handle.item)
+        if item is not None:
+            handles[handle_id] = handle if item is handle.item else IpamHandle(item, handle_id)
+    hosts = []
+    for host in inventory.hosts:
+        if not any(item.key in keys for item in host_items(host)):
+            hosts.append(host)
+            continue
+        endpoints = tuple(
+            WorkloadEndpoint(item, e.node, e.ips) for e in host.workload_endpoints if (item := fresh(e.item))
+        )
+        affinities = tuple(BlockAffinity(item, a.host, a.cidr) for a in host.affinities if (item := fresh(a.item)))
+        owned = tuple(item for item in map(fresh, host.owned) if item is not None)
+        links = tuple(item for item in map(fresh, host.link_keys) if item is not None)
+        node = fresh(host.node) if host.node is not None else None
+        changed = replace(
+            host, node=node, workload_endpoints=endpoints, affinities=affinities, owned=owned, link_keys=links
+        )
+        if any(not item.key.endswith("/") for item in host_items(changed)):
+            hosts.append(changed)
+    return replace(
+        inventory, hosts=tuple(hosts), blocks=tuple(blocks), handles=handles, malformed_blocks=tuple(malformed)
+    )
+
+
+def host_items(host: CalicoHost) -> list[StoredItem]:
+    """Every entry stored for a host."""
+    items = [e.item for e in host.workload_endpoints] + [a.item for a in host.affinities]
+    items += list(host.owned) + list(host.link_keys)
+    return items + ([host.node] if host.node is not None else [])
+
+
+def _block(item: StoredItem, cidr: str) -> IpamBlock | None:
+    """A block read again: its summary, or None when it cannot be edited safely any more."""
+    try:
+        data = json.loads(item.value or "")
+    except ValueError:
+        return None
+    if block_shape_problem(data, cidr) is not None:
+        return None
+    affine_host, owners = summarize_block(data)
+    return IpamBlock(item, cidr, affine_host, owners)

@@ -307,7 +307,9 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if not config.apply:
         return ExitCode.OK
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
-    record.decisions = apply_plan(plan, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set)
+    record.decisions = apply_plan(
+        plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set
+    )
     repairs, failures = apply_repairs(plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
     for failure in failures:
         record.error("unavailable", f"stale IPAM handle not repaired: {failure}")

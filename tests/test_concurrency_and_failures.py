@@ -13,6 +13,7 @@ import pytest
 from tenacity import RetryCallState
 
 from job.config import EtcdEndpoint
+from job.datastores.etcdv3 import EtcdV3Datastore
 from job.ipam import block_shape_problem
 from job.kube import Kube, api_client
 from job.state import ConfigMapStateStore
@@ -167,23 +168,31 @@ def test_recheck_that_keeps_failing_marks_the_host_failed_exit_4(harness: Harnes
     assert hosts_by_name(report)[s.CONFLICT_ORPHAN]["action"] == "deleted", "the run goes on with the others"
 
 
-def test_key_changed_under_a_delete_is_reread_and_decided_again(harness: Harness) -> None:
+def test_key_changed_under_a_delete_is_reread_and_decided_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scenario = s.kops_cluster()
     harness.seed(scenario)
     block_key = "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"
 
     def someone_allocates_in_the_orphans_block() -> None:
         seed = scenario.seed
-        seed.pod(s.LIVE[2], "shop", "late-pod", "100.96.20.30")
-        calico.load(harness.etcd.url, {k: seed.keys[k] for k in (block_key,)})
+        known = dict(seed.keys)
+        seed.pod(s.LIVE[2], "shop", "late-pod", "100.96.20.30")  # its handle, block and endpoint
+        calico.load(harness.etcd.url, {k: v for k, v in seed.keys.items() if known.get(k) != v})
 
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", someone_allocates_in_the_orphans_block)
+    reads = []
+    real = EtcdV3Datastore.read
+    monkeypatch.setattr(EtcdV3Datastore, "read", lambda self: reads.append(1) or real(self))
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
     block = json.loads(harness.dump()[block_key][0])
     pods = sorted(a["secondary"]["pod"] for a in block["attributes"])
     assert pods == ["api-1", "late-pod"], "the allocation made meanwhile survives"
     assert block["allocations"][30] is not None and block["affinity"] is None
+    assert len(reads) == 1, "the conflict re-read only the host's own keys, not the datastore"
+    assert calico.ipam_problems({k: v for k, (v, _) in harness.dump().items()}) == []
 
 
 @pytest.fixture
