@@ -97,7 +97,15 @@ def kdd(harness: Harness) -> Keyspace:
 
 
 def run_job_process(harness: Harness, relay: WriteRelay, keyspace: Keyspace, trigger: Trigger | None) -> int:
-    argv = job_argv(harness.kubeapi, relay, harness.tmp, "--lock=none", f"--datastore-type={keyspace.datastore_type}")
+    # Reports are not kept here: keeping them is tested on its own, and it is not a datastore write.
+    argv = job_argv(
+        harness.kubeapi,
+        relay,
+        harness.tmp,
+        "--lock=none",
+        "--keep-reports=0",
+        f"--datastore-type={keyspace.datastore_type}",
+    )
     finished = run_job(argv, relay, trigger)
     if trigger is not None and trigger.action in ("kill_before", "kill_after"):
         assert finished.code == -signal.SIGKILL
@@ -108,7 +116,7 @@ def run_job_process(harness: Harness, relay: WriteRelay, keyspace: Keyspace, tri
 
 def resume(harness: Harness, keyspace: Keyspace) -> None:
     config = harness.config(
-        apply=True, max_orphan_fraction=1.0, max_deletions=100, datastore_type=keyspace.datastore_type
+        apply=True, max_orphan_fraction=1.0, max_deletions=100, datastore_type=keyspace.datastore_type, keep_reports=0
     )
     report, code = harness.run(config)
     assert code == 0, report["errors"]
