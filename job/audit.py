@@ -9,10 +9,11 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
 from typing import Any
 
-from job.ipam import StaleHandle, affinity_host, block_data
-from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
+from job.ipam import StaleHandle, address_in, affinity_host, block_data
+from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan, pod_attribution
 from job.model import HandleRepair, Inventory
 from job.plan import HANDLE_REPAIRED
 from job.report import timestamp
@@ -38,40 +39,67 @@ def _found(items: list[Any], key: Any = None) -> dict[str, Any]:
     return {"count": len(items), "sample": sorted(items, key=key)[:SAMPLE]}
 
 
+@dataclass
+class BlockScan:
+    """What one pass over every block gives the IPAM check, the stale-handle check and the
+    leak check, so that each block is parsed once a run."""
+
+    held: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))  # handle -> cidr -> n
+    allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
+    per_node: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
+    pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
+
+
+def scan_blocks(inventory: Inventory, live_nodes: Set[str], endpoint_ips: Set[str], calico2: bool = False) -> BlockScan:
+    """One pass over every block. `pod_ips` gets each allocation that names a pod on a live node
+    and that no workload endpoint holds (leaks.pod_attribution says which)."""
+    scan = BlockScan()
+    for block in inventory.blocks:
+        data = block_data(block)
+        host = affinity_host(data)
+        if host:
+            scan.per_node[host]["blocks"] += 1
+        attributes = data.get("attributes") or []
+        ip_of = address_in(block.cidr)
+        for ordinal, index in enumerate(data["allocations"]):
+            if index is None:
+                continue
+            scan.allocated[block.cidr] += 1
+            attribute = attributes[index]
+            handle = attribute.get("handle_id")
+            secondary = attribute.get("secondary") or {}
+            scan.per_node[str(secondary.get("node") or host)]["allocated"] += 1
+            if not isinstance(handle, str) or not handle:
+                continue
+            scan.held[handle][block.cidr] += 1
+            if handle not in inventory.handles:
+                scan.dangling.append({"ip": ip_of(ordinal), "handle": handle})
+            names = pod_attribution(attribute, handle, live_nodes, calico2)
+            if names is not None:
+                ip = ip_of(ordinal)
+                if ip not in endpoint_ips:
+                    node, namespace, pod = names
+                    scan.pod_ips[(namespace, pod)].append(
+                        Allocation(ip, block.cidr, ordinal, handle, node, namespace, pod)
+                    )
+    return scan
+
+
 def ipam_audit(
     inventory: Inventory,
     live_nodes: Set[str],
-    held: Mapping[str, Counter[str]],
+    scan: BlockScan,
     stale: Sequence[StaleHandle] = (),
     repairs: Sequence[HandleRepair] = (),
     leaked: Sequence[Allocation] | None = None,
     leak_plan: LeakPlan | None = None,
 ) -> dict[str, Any]:
-    """`held`: handle -> block -> allocations (ipam.held_counts); `repairs`: what this run
-    plans for each stale handle; `leaked`: pod IPs no pod holds (None: pods not listed), and
-    `leak_plan` what this run does about them."""
+    """`scan`: the pass over every block; `repairs`: what this run plans for each stale handle;
+    `leaked`: pod IPs no pod holds (None: pods not listed), and `leak_plan` what this run does
+    about them."""
     actions = {repair.handle_id: repair.action for repair in repairs}
-    dangling: list[dict[str, str]] = []
-    allocated: Counter[str] = Counter()
-    per_node: dict[str, Counter[str]] = defaultdict(Counter)
-    for block in inventory.blocks:
-        data = block_data(block)
-        network = ipaddress.ip_network(block.cidr)
-        host = affinity_host(data)
-        if host:
-            per_node[host]["blocks"] += 1
-        for ordinal, index in enumerate(data["allocations"]):
-            if index is None:
-                continue
-            allocated[block.cidr] += 1
-            attribute = data["attributes"][index]
-            handle = attribute.get("handle_id")
-            secondary = attribute.get("secondary") or {}
-            node = secondary.get("node") or host
-            per_node[str(node)]["allocated"] += 1
-            ip = str(network.network_address + ordinal)
-            if isinstance(handle, str) and handle and handle not in inventory.handles:
-                dangling.append({"ip": ip, "handle": handle})
+    held, allocated, per_node, dangling = scan.held, scan.allocated, scan.per_node, scan.dangling
     empty = [h for h in inventory.handles if not held.get(h)]  # Calico deletes a handle once it holds none
     stale_found = [
         {

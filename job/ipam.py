@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -483,18 +484,14 @@ class StaleHandle:
     repaired: JsonObject | None
 
 
-def held_counts(blocks: Iterable[IpamBlock]) -> dict[str, Counter[str]]:
-    """handle ID -> block cidr -> how many allocations that block holds for it."""
-    held: dict[str, Counter[str]] = defaultdict(Counter)
-    for block in blocks:
-        data = block_data(block)
-        attributes = data.get("attributes") or []
-        for index in data["allocations"]:
-            if index is not None:
-                handle_id = attributes[index].get("handle_id")
-                if isinstance(handle_id, str) and handle_id:
-                    held[handle_id][block.cidr] += 1
-    return held
+def address_in(cidr: str) -> Callable[[int], str]:
+    """The address at an ordinal of a block, as text; IPv4 without building an ipaddress object
+    per address (the IPAM check asks for hundreds of thousands)."""
+    network = ipaddress.ip_network(cidr)
+    base = int(network.network_address)
+    if network.version == 4:
+        return lambda ordinal: socket.inet_ntoa((base + ordinal).to_bytes(4, "big"))
+    return lambda ordinal: str(ipaddress.IPv6Address(base + ordinal))
 
 
 def stale_handles(
@@ -504,14 +501,18 @@ def stale_handles(
     be parsed holds an unknown number: its counts are left alone. A handle counting fewer is not
     stale: Calico raises the handle before it writes the block, so that is an allocation in flight."""
     found = []
-    for handle_id, handle in sorted(handles.items()):
+    normal: dict[str, str | None] = {}  # handles name the same few thousand blocks: parse each once
+    nothing: Counter[str] = Counter()
+    for handle_id, handle in handles.items():
         data = parse_handle(handle.item.value or "")
         if data is None or handle_problem(data) is not None:
             continue
-        holds = held.get(handle_id, Counter())
+        holds = held.get(handle_id, nothing)
         actual: dict[str, int | None] = {}
         for key in data.get("block") or {}:
-            cidr = normal_cidr(key)
+            if key not in normal:
+                normal[key] = normal_cidr(key)
+            cidr = normal[key]
             actual[key] = None if cidr is None or cidr in malformed_blocks else holds.get(cidr, 0)
         over = {
             key: (count, actual[key] or 0)
@@ -520,7 +521,7 @@ def stale_handles(
         }
         if over:
             found.append(StaleHandle(handle, over, lowered_handle(data, actual)))
-    return found
+    return sorted(found, key=lambda stale: stale.handle.handle_id)
 
 
 def parse_handle(text: str) -> Any:

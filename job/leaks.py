@@ -7,11 +7,11 @@ leaked in every run, and each block's release is re-checked against its pods rig
 
 from __future__ import annotations
 
-import ipaddress
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from job.config import Config
 from job.ipam import block_data, dump, handle_problem, held_by, lowered_handle, normal_cidr, parse_handle, release
@@ -51,42 +51,21 @@ class Allocation:
         return pod.node == self.node and (not pod.ips or self.ip in pod.ips)
 
 
-def pod_allocations(
-    blocks: Iterable[IpamBlock], live_nodes: Set[str], endpoint_ips: Set[str], calico2: bool = False
-) -> dict[tuple[str, str], list[Allocation]]:
-    """Every allocation that names a pod, on a live node, that no workload endpoint holds; by
-    (namespace, pod). Allocations of nodes that are gone go with their host instead. Calico 2.x
-    records no node: there the pod is named by the handle, and only a pod that is gone counts."""
-    found: dict[tuple[str, str], list[Allocation]] = defaultdict(list)
-    for block in blocks:
-        data = block_data(block)
-        if not calico2 and not any(owner in live_nodes for owner in block.owners.values()):
-            continue
-        network = ipaddress.ip_network(block.cidr)
-        attributes = data.get("attributes") or []
-        for ordinal, index in enumerate(data["allocations"]):
-            if index is None:
-                continue
-            attribute = attributes[index]
-            handle = attribute.get("handle_id")
-            if not isinstance(handle, str) or not handle:
-                continue
-            secondary = attribute.get("secondary") or {}
-            names: tuple[object, object, object]
-            if calico2 and not secondary and "." in handle:  # Calico 2.x's CNI: <namespace>.<pod>
-                namespace_part, pod_part = handle.split(".", 1)
-                names = ("", namespace_part, pod_part)
-            else:
-                names = (secondary.get("node"), secondary.get("namespace"), secondary.get("pod"))
-                if not (isinstance(names[0], str) and names[0] in live_nodes):
-                    continue
-            node, namespace, pod = names
-            ip = str(network.network_address + ordinal)
-            if pod and namespace and ip not in endpoint_ips:
-                found[(str(namespace), str(pod))].append(
-                    Allocation(ip, block.cidr, ordinal, handle, str(node), str(namespace), str(pod))
-                )
-    return found
+def pod_attribution(
+    attribute: Mapping[str, Any], handle: str, live_nodes: Set[str], calico2: bool
+) -> tuple[str, str, str] | None:
+    """(node, namespace, pod) of an allocation that names a pod on a live node, else None.
+    Allocations of nodes that are gone go with their host instead. Calico 2.x records no node:
+    there the pod is named by the handle its CNI writes, `<namespace>.<pod>`, and the node is ""
+    (any pod of that name then holds the IP)."""
+    secondary = attribute.get("secondary") or {}
+    if calico2 and not secondary and "." in handle:
+        namespace, pod = handle.split(".", 1)
+        return "", namespace, pod
+    node, space, name = secondary.get("node"), secondary.get("namespace"), secondary.get("pod")
+    if isinstance(node, str) and node in live_nodes and isinstance(space, str) and isinstance(name, str):
+        return (node, space, name) if space and name else None
+    return None
 
 
 def settle(candidates: dict[tuple[str, str], list[Allocation]], key: tuple[str, str], pod: PodInfo) -> None:

@@ -20,16 +20,16 @@ import structlog
 
 from job import __version__
 from job.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, fill_before
-from job.audit import ipam_audit, with_outcomes
+from job.audit import ipam_audit, scan_blocks, with_outcomes
 from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
-from job.ipam import held_counts, stale_handles
+from job.ipam import stale_handles
 from job.keep import KeepError, worth_keeping
 from job.kube import KubeError
-from job.leaks import Allocation, plan_leaks, pod_allocations, settle
+from job.leaks import Allocation, plan_leaks, settle
 from job.metrics import push
-from job.model import Action, Inventory, KubeNode, PodInfo
+from job.model import Action, KubeNode, PodInfo
 from job.plan import plan_run
 from job.report import RunRecord, build
 from job.state import Loaded, StateError, StateStore
@@ -205,14 +205,12 @@ def _read_kubernetes(deps: Dependencies, config: Config) -> tuple[tuple[KubeNode
 
 
 def _leaked(
-    inventory: Inventory, live_names: set[str], deps: Dependencies, record: RunRecord
+    candidates: dict[tuple[str, str], list[Allocation]], deps: Dependencies, record: RunRecord
 ) -> list[Allocation] | None:
-    """Pod IPs on live nodes that no pod and no workload endpoint holds; None when the pods could
-    not be listed. The pods are listed after the blocks were read: an IP allocated since is not
-    in what was read, and a pod exists before its IP is allocated, so a new pod never looks leaked."""
-    endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
-    calico2 = deps.datastore.type == "etcdv2"
-    candidates = pod_allocations(inventory.blocks, live_names, endpoint_ips, calico2)
+    """The pod IPs (`candidates`, from the blocks) that no listed pod holds; None when the pods
+    could not be listed. The pods are listed after the blocks were read: an IP allocated since is
+    not in what was read, and a pod exists before its IP is allocated, so a new pod never looks
+    leaked."""
     try:
         deps.nodes.each_pod(partial(settle, candidates))
     except KubeError as error:
@@ -266,10 +264,11 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     now = deps.clock()
     # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
     reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
-    held = held_counts(inventory.blocks)
-    stale = stale_handles(inventory.handles, held, inventory.malformed_blocks)
     live_names = {n.name for n in kube_nodes}
-    leaked = _leaked(inventory, live_names, deps, record)
+    endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
+    scan = scan_blocks(inventory, live_names, endpoint_ips, calico2=deps.datastore.type == "etcdv2")
+    stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
+    leaked = _leaked(scan.pod_ips, deps, record)
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
@@ -278,7 +277,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         blocks = {block.cidr: block for block in inventory.blocks}
         leak_plan = plan_leaks(leaked, blocks, inventory.handles, grace_state, now, config, busy)
     sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
-    record.audit = ipam_audit(inventory, live_names, held, stale, plan.repairs, leaked, leak_plan)
+    record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan)
     record.health = diagnose(
         health_inputs,
         kube_nodes,
