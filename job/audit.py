@@ -55,25 +55,27 @@ def scan_blocks(inventory: Inventory, live_nodes: Set[str], endpoint_ips: Set[st
     """One pass over every block. `pod_ips` gets each allocation that names a pod on a live node
     and that no workload endpoint holds (leaks.pod_attribution says which)."""
     scan = BlockScan()
+    held, handles, per_node = scan.held, inventory.handles, scan.per_node
     for block in inventory.blocks:
         data = block_data(block)
         host = affinity_host(data)
         if host:
-            scan.per_node[host]["blocks"] += 1
+            per_node[host]["blocks"] += 1
         attributes = data.get("attributes") or []
         ip_of = address_in(block.cidr)
+        count = 0
         for ordinal, index in enumerate(data["allocations"]):
             if index is None:
                 continue
-            scan.allocated[block.cidr] += 1
+            count += 1
             attribute = attributes[index]
             handle = attribute.get("handle_id")
             secondary = attribute.get("secondary") or {}
-            scan.per_node[str(secondary.get("node") or host)]["allocated"] += 1
-            if not isinstance(handle, str) or not handle:
+            per_node[secondary.get("node") or host or ""]["allocated"] += 1
+            if not handle or not isinstance(handle, str):
                 continue
-            scan.held[handle][block.cidr] += 1
-            if handle not in inventory.handles:
+            held[handle][block.cidr] += 1
+            if handle not in handles:
                 scan.dangling.append({"ip": ip_of(ordinal), "handle": handle})
             names = pod_attribution(attribute, handle, live_nodes, calico2)
             if names is not None:
@@ -83,6 +85,7 @@ def scan_blocks(inventory: Inventory, live_nodes: Set[str], endpoint_ips: Set[st
                     scan.pod_ips[(namespace, pod)].append(
                         Allocation(ip, block.cidr, ordinal, handle, node, namespace, pod)
                     )
+        scan.allocated[block.cidr] = count
     return scan
 
 
@@ -124,13 +127,14 @@ def ipam_audit(
             }
         )
     ipam_only = [h.name for h in inventory.hosts if not h.registered and h.name not in live_nodes]
-    busiest = sorted(per_node.items(), key=lambda item: (-item[1]["allocated"], item[0]))[:SAMPLE]
+    named = [(n, c) for n, c in per_node.items() if n]  # "": allocations no node is named for
+    busiest = sorted(named, key=lambda item: (-item[1]["allocated"], item[0]))[:SAMPLE]
     return {
         "blocks": len(inventory.blocks),
         "allocated": sum(allocated.values()),
         "pools": pools,
         "nodes": {
-            "count": len(per_node),
+            "count": len(named),
             "busiest": [{"node": n, "blocks": c["blocks"], "allocated": c["allocated"]} for n, c in busiest],
         },
         "ipam_only_hosts": _found(ipam_only),
