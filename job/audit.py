@@ -44,7 +44,7 @@ class BlockScan:
     """What one pass over every block gives the IPAM check, the stale-handle check and the
     leak check, so that each block is parsed once a run."""
 
-    held: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))  # handle -> cidr -> n
+    held: dict[str, dict[str, int]] = field(default_factory=dict)  # handle -> cidr -> allocations
     allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
     per_node: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
@@ -74,7 +74,11 @@ def scan_blocks(inventory: Inventory, live_nodes: Set[str], endpoint_ips: Set[st
             per_node[secondary.get("node") or host or ""]["allocated"] += 1
             if not handle or not isinstance(handle, str):
                 continue
-            held[handle][block.cidr] += 1
+            counts = held.get(handle)
+            if counts is None:
+                held[handle] = {block.cidr: 1}  # a plain dict: there are as many as pods
+            else:
+                counts[block.cidr] = counts.get(block.cidr, 0) + 1
             if handle not in handles:
                 scan.dangling.append({"ip": ip_of(ordinal), "handle": handle})
             names = pod_attribution(attribute, handle, live_nodes, calico2)

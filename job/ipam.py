@@ -495,14 +495,14 @@ def address_in(cidr: str) -> Callable[[int], str]:
 
 
 def stale_handles(
-    handles: Mapping[str, IpamHandle], held: Mapping[str, Counter[str]], malformed_blocks: Collection[str] = ()
+    handles: Mapping[str, IpamHandle], held: Mapping[str, Mapping[str, int]], malformed_blocks: Collection[str] = ()
 ) -> list[StaleHandle]:
     """Every handle counting more in a block than the block holds for it. A block that could not
     be parsed holds an unknown number: its counts are left alone. A handle counting fewer is not
     stale: Calico raises the handle before it writes the block, so that is an allocation in flight."""
     found = []
     normal: dict[str, str | None] = {}  # handles name the same few thousand blocks: parse each once
-    nothing: Counter[str] = Counter()
+    nothing: Mapping[str, int] = {}
     for handle_id, handle in handles.items():
         holds = held.get(handle_id, nothing)
         if len(holds) == 1 and handle.item.value == _exact(holds):
@@ -526,7 +526,7 @@ def stale_handles(
     return sorted(found, key=lambda stale: stale.handle.handle_id)
 
 
-def _exact(holds: Counter[str]) -> str:
+def _exact(holds: Mapping[str, int]) -> str:
     """The text Calico writes for a handle counting exactly `holds` (one block): nearly every
     handle. Compared as text, the check parses only the handles that differ."""
     ((cidr, count),) = holds.items()
