@@ -190,3 +190,20 @@ def test_dual_stack_on_etcd_v2_the_orphans_ipv6_block_goes_and_the_v6_pool_is_ch
     assert f"/calico/ipam/v2/host/{ORPHAN}/ipv6/block/fd00:96::40-122" not in after
     assert "/calico/ipam/v2/assignment/ipv6/block/fd00:96::-122" in after
     assert calico.ipam_problems(after) == []
+
+
+def test_the_readme_alert_rules_use_only_metrics_a_run_pushes(harness: Harness) -> None:
+    import yaml
+
+    from job.metrics import registry_for
+
+    garbage(harness)
+    report, _ = harness.run()
+    pushed = {metric.name for metric in registry_for(report, 1.0, succeeded=True).collect()}
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("A sample rule set:", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    rules = [rule for group in yaml.safe_load(block)["groups"] for rule in group["rules"]]
+    assert {"CalicoIpPoolAlmostFull", "CalicoIpamGarbage"} <= {rule["alert"] for rule in rules}
+    for rule in rules:
+        used = set(re.findall(r"calico_gc_[a-z_]+", rule["expr"]))
+        assert used and used <= pushed, (rule["alert"], used - pushed)
