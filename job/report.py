@@ -40,6 +40,7 @@ class RunRecord:
     outcome: str = "ok"
     health: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, as measured
 
     def error(self, kind: str, message: str, key: str | None = None) -> None:
         self.errors.append({"kind": kind, "message": message, **({"key": key} if key else {})})
@@ -125,6 +126,10 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
         "hosts": [_host(d) for d in record.decisions],
         "health": record.health,
         "audit": record.audit,
+        "timings": {
+            "total": round((finished_at - record.started_at).total_seconds(), 3),
+            **{phase: round(seconds, 3) for phase, seconds in record.timings.items()},
+        },
     }
 
 

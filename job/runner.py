@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -198,10 +199,15 @@ def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCo
             log.warning("lock_release_failed", error=str(error))
 
 
-def _read_kubernetes(deps: Dependencies, config: Config) -> tuple[tuple[KubeNode, ...], HealthInputs]:
+def _read_kubernetes(
+    deps: Dependencies, config: Config, timings: dict[str, float]
+) -> tuple[tuple[KubeNode, ...], HealthInputs]:
+    started = time.perf_counter()
     listed = deps.nodes.list_nodes()
     log.info("kubernetes_read", nodes=len(listed))
-    return listed, deps.health(config)
+    inputs = deps.health(config)
+    timings["kubernetes_read"] = time.perf_counter() - started
+    return listed, inputs
 
 
 def _leaked(
@@ -232,9 +238,12 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
+    timings = record.timings
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-read") as pool:
-        kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps, config)
+        kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps, config, timings)
+        started = time.perf_counter()
         inventory = deps.datastore.read()
+        timings["datastore_read"] = time.perf_counter() - started
         kube_nodes, health_inputs = kube_read.result()
     record.k8s_node_count = len(kube_nodes)
     log.info(
@@ -268,7 +277,9 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
     scan = scan_blocks(inventory, live_names, endpoint_ips, calico2=deps.datastore.type == "etcdv2")
     stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
+    started = time.perf_counter()
     leaked = _leaked(scan.pod_ips, deps, record)
+    timings["pods_list"] = time.perf_counter() - started
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
