@@ -301,8 +301,9 @@ def _collect_affinity(collected: Collected, item: StoredItem) -> None:
     collected.affinities[parts[0]].append(BlockAffinity(item, parts[0], cidr))
 
 
-def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
-    host = CalicoHost(
+def _filed(name: str, node: StoredItem | None, collected: Collected) -> CalicoHost:
+    """The host `name` with everything filed under it; registered when it has a Calico Node."""
+    return CalicoHost(
         name,
         node,
         None,
@@ -311,7 +312,12 @@ def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
         affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
         owned=tuple(sorted(collected.owned.pop(name, ()), key=lambda i: i.key)),
         felix_alive=name in collected.felix_alive,
+        registered=node is not None,
     )
+
+
+def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
+    host = _filed(name, node, collected)
     value = collected.json(node)
     spec = _dig(value, "spec")
     if not isinstance(spec, dict):
@@ -339,21 +345,6 @@ def unregistered_names(collected: Collected, registered: set[str]) -> set[str]:
     return named - registered
 
 
-def _unregistered(name: str, collected: Collected) -> CalicoHost:
-    """A name with data but no Calico Node (docs/calico-data.md, "IPAM-only hosts"): removed
-    like a host once no Kubernetes Node has that name, minus the Node it does not have."""
-    return CalicoHost(
-        name,
-        None,
-        None,
-        workload_endpoints=tuple(sorted(collected.endpoints.pop(name, ()), key=lambda e: e.item.key)),
-        affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
-        owned=tuple(sorted(collected.owned.pop(name, ()), key=lambda i: i.key)),
-        felix_alive=name in collected.felix_alive,
-        registered=False,
-    )
-
-
 def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) -> Inventory:
     """Turn etcd key-values into the shared model. Pure; unknown shapes become problems.
 
@@ -363,7 +354,9 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
     for item in items:
         collect_key(collected, item)
     hosts = [_host(name, node, collected) for name, node in sorted(collected.nodes.items())]
-    hosts += [_unregistered(name, collected) for name in sorted(unregistered_names(collected, set(collected.nodes)))]
+    # Names with data but no Calico Node (docs/calico-data.md, "IPAM-only hosts"): removed like a
+    # host once no Kubernetes Node has that name, minus the Node they do not have.
+    hosts += [_filed(name, None, collected) for name in sorted(unregistered_names(collected, set(collected.nodes)))]
     return Inventory(
         hosts=tuple(hosts),
         blocks=tuple(collected.blocks),
