@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from job.ipam import StaleHandle, address_in, affinity_host, block_data
+from job.ipam import StaleHandle, add_held, address_in, affinity_host, block_data
 from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan, pod_attribution
-from job.model import HandleRepair, Inventory
+from job.model import HandleRepair, Inventory, IpamBlock
 from job.plan import HANDLE_REPAIRED
 from job.report import timestamp
 
@@ -44,25 +44,35 @@ class BlockScan:
     """What one pass over every block gives the IPAM check, the stale-handle check and the
     leak check, so that each block is parsed once a run."""
 
-    held: dict[str, dict[str, int]] = field(default_factory=dict)  # handle -> cidr -> allocations
+    held: dict[str, str | dict[str, int]] = field(default_factory=dict)  # handle -> what blocks hold (ipam.holds)
     allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
     per_node: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
 
 
-def scan_blocks(inventory: Inventory, live_nodes: Set[str], endpoint_ips: Set[str], calico2: bool = False) -> BlockScan:
+def scan_blocks(
+    blocks: Iterable[IpamBlock],
+    live_nodes: Set[str],
+    endpoint_ips: Set[str],
+    handles: Container[str] | None,
+    calico2: bool = False,
+    held: dict[str, str | dict[str, int]] | None = None,
+) -> BlockScan:
     """One pass over every block. `pod_ips` gets each allocation that names a pod on a live node
-    and that no workload endpoint holds (leaks.pod_attribution says which)."""
-    scan = BlockScan()
-    held, handles, per_node = scan.held, inventory.handles, scan.per_node
-    for block in inventory.blocks:
+    and that no workload endpoint holds (leaks.pod_attribution says which). `dangling` is filled
+    only when `handles` is given (else see find_dangling); `held`, when the read counted it."""
+    count_held = held is None
+    scan = BlockScan(held={} if held is None else held)
+    held, per_node = scan.held, scan.per_node
+    for block in blocks:
         data = block_data(block)
         host = affinity_host(data)
         if host:
             per_node[host]["blocks"] += 1
         attributes = data.get("attributes") or []
         ip_of = address_in(block.cidr)
+        cidr = block.cidr
         count = 0
         for ordinal, index in enumerate(data["allocations"]):
             if index is None:
@@ -74,23 +84,32 @@ def scan_blocks(inventory: Inventory, live_nodes: Set[str], endpoint_ips: Set[st
             per_node[secondary.get("node") or host or ""]["allocated"] += 1
             if not handle or not isinstance(handle, str):
                 continue
-            counts = held.get(handle)
-            if counts is None:
-                held[handle] = {block.cidr: 1}  # a plain dict: there are as many as pods
-            else:
-                counts[block.cidr] = counts.get(block.cidr, 0) + 1
-            if handle not in handles:
+            if count_held:
+                add_held(held, handle, cidr)
+            if handles is not None and handle not in handles:
                 scan.dangling.append({"ip": ip_of(ordinal), "handle": handle})
             names = pod_attribution(attribute, handle, live_nodes, calico2)
             if names is not None:
                 ip = ip_of(ordinal)
                 if ip not in endpoint_ips:
                     node, namespace, pod = names
-                    scan.pod_ips[(namespace, pod)].append(
-                        Allocation(ip, block.cidr, ordinal, handle, node, namespace, pod)
-                    )
-        scan.allocated[block.cidr] = count
+                    scan.pod_ips[(namespace, pod)].append(Allocation(ip, cidr, ordinal, handle, node, namespace, pod))
+        scan.allocated[cidr] = count
     return scan
+
+
+def find_dangling(blocks: Iterable[IpamBlock], missing: Set[str]) -> list[dict[str, str]]:
+    """The allocations whose handle is one of `missing` (no handle key exists for it)."""
+    found = []
+    if missing:
+        for block in blocks:
+            data = block_data(block)
+            attributes = data.get("attributes") or []
+            ip_of = address_in(block.cidr)
+            for ordinal, index in enumerate(data["allocations"]):
+                if index is not None and attributes[index].get("handle_id") in missing:
+                    found.append({"ip": ip_of(ordinal), "handle": attributes[index]["handle_id"]})
+    return found
 
 
 def ipam_audit(

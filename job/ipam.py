@@ -494,19 +494,39 @@ def address_in(cidr: str) -> Callable[[int], str]:
     return lambda ordinal: str(ipaddress.IPv6Address(base + ordinal))
 
 
+Held = Mapping[str, str | Mapping[str, int]]  # handle -> {cidr: allocations}, or the cidr alone for one
+
+
+def add_held(held: dict[str, str | dict[str, int]], handle_id: str, cidr: str) -> None:
+    """Count one allocation of `handle_id` in block `cidr`; a handle's first is kept as the cidr
+    alone (one string shared by the block's handles), since nearly every handle has one IP."""
+    counts = held.get(handle_id)
+    if counts is None:
+        held[handle_id] = cidr
+    elif isinstance(counts, str):
+        held[handle_id] = {cidr: 2} if counts == cidr else {counts: 1, cidr: 1}
+    else:
+        counts[cidr] = counts.get(cidr, 0) + 1
+
+
+def holds(held: Held, handle_id: str) -> Mapping[str, int]:
+    """What the blocks hold for a handle, by cidr (audit.scan_blocks keeps a lone IP as its cidr)."""
+    found = held.get(handle_id)
+    return {found: 1} if isinstance(found, str) else (found or {})
+
+
 def stale_handles(
-    handles: Mapping[str, IpamHandle], held: Mapping[str, Mapping[str, int]], malformed_blocks: Collection[str] = ()
+    handles: Mapping[str, IpamHandle], held: Held, malformed_blocks: Collection[str] = ()
 ) -> list[StaleHandle]:
     """Every handle counting more in a block than the block holds for it. A block that could not
     be parsed holds an unknown number: its counts are left alone. A handle counting fewer is not
     stale: Calico raises the handle before it writes the block, so that is an allocation in flight."""
     found = []
     normal: dict[str, str | None] = {}  # handles name the same few thousand blocks: parse each once
-    nothing: Mapping[str, int] = {}
     for handle_id, handle in handles.items():
-        holds = held.get(handle_id, nothing)
-        if len(holds) == 1 and handle.item.value == _exact(holds):
+        if is_exact(handle.item.value, held.get(handle_id)):
             continue  # as Calico writes a handle counting exactly what its one block holds
+        counts = holds(held, handle_id)
         data = parse_handle(handle.item.value or "")
         if data is None or handle_problem(data) is not None:
             continue
@@ -515,7 +535,7 @@ def stale_handles(
             if key not in normal:
                 normal[key] = normal_cidr(key)
             cidr = normal[key]
-            actual[key] = None if cidr is None or cidr in malformed_blocks else holds.get(cidr, 0)
+            actual[key] = None if cidr is None or cidr in malformed_blocks else counts.get(cidr, 0)
         over = {
             key: (count, actual[key] or 0)
             for key, count in (data.get("block") or {}).items()
@@ -526,11 +546,16 @@ def stale_handles(
     return sorted(found, key=lambda stale: stale.handle.handle_id)
 
 
-def _exact(holds: Mapping[str, int]) -> str:
-    """The text Calico writes for a handle counting exactly `holds` (one block): nearly every
-    handle. Compared as text, the check parses only the handles that differ."""
-    ((cidr, count),) = holds.items()
-    return f'{{"block":{{"{cidr}":{count}}},"deleted":false}}'
+def is_exact(value: str | None, held: str | Mapping[str, int] | None) -> bool:
+    """Whether a handle's text is exactly what Calico writes for what one block holds for it:
+    nearly every handle. Compared as text, only the handles that differ are parsed."""
+    if isinstance(held, str):
+        cidr, count = held, 1
+    elif held is not None and len(held) == 1:
+        ((cidr, count),) = held.items()
+    else:
+        return False
+    return value == f'{{"block":{{"{cidr}":{count}}},"deleted":false}}'
 
 
 def parse_handle(text: str) -> Any:

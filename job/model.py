@@ -10,7 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from job.audit import BlockScan
 
 JsonObject = dict[str, Any]
 
@@ -135,6 +138,11 @@ class Inventory:
     hosts_registered: bool = True
     pools: tuple[str, ...] = ()  # IP pool CIDRs, for the IPAM check
     kube_controllers: Mapping[str, object] | None = None  # Kubernetes datastore: who else cleans
+    # The pass over every block, when the read made it on the way (etcd v3 given the Kubernetes
+    # Node names). Such a read keeps of live hosts only what this scan counted: their workload
+    # endpoints are not in `hosts`, and `handles` holds only those a plan may write (stale ones,
+    # tunnel handles, those of allocations no live host owns, those of leaked IPs).
+    scan: BlockScan | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,13 @@ def k8s_link(host: CalicoHost, config: Config) -> str | None:
     return host.name if config.unreferenced == "match-name" or not host.registered else None
 
 
+def is_live(host: CalicoHost, k8s_names: Set[str], config: Config) -> bool:
+    """Whether a Kubernetes Node keeps this host: the one it links to, or, with no usable link,
+    the one of its own name. A live host is never planned, so a read may keep less of it."""
+    link = k8s_link(host, config) if host.problem is None else None
+    return (link or host.name) in k8s_names
+
+
 def _classify(
     hosts: Iterable[CalicoHost], k8s_names: set[str], config: Config
 ) -> tuple[list[Orphan], list[HostDecision], int]:
@@ -86,18 +93,12 @@ def _classify(
     live = 0
     for host in hosts:
         link = k8s_link(host, config)
-        if host.problem is not None:
-            if host.name in k8s_names:
-                live += 1
-            else:
-                skipped.append(HostDecision(host, Action.SKIPPED, MALFORMED_DATA, error=host.problem))
-        elif link is None:
-            if host.name in k8s_names:
-                live += 1
-            else:
-                skipped.append(HostDecision(host, Action.SKIPPED, NO_K8S_ORCHREF))
-        elif link in k8s_names:
+        if is_live(host, k8s_names, config):
             live += 1
+        elif host.problem is not None:
+            skipped.append(HostDecision(host, Action.SKIPPED, MALFORMED_DATA, error=host.problem))
+        elif link is None:
+            skipped.append(HostDecision(host, Action.SKIPPED, NO_K8S_ORCHREF))
         elif not host.registered:
             orphans.append(Orphan(host, NO_CALICO_NODE))
         else:

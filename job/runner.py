@@ -242,7 +242,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-read") as pool:
         kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps, config, timings)
         started = time.perf_counter()
-        inventory = deps.datastore.read()
+        inventory = deps.datastore.read(lambda: {node.name for node in kube_read.result()[0]})
         timings["datastore_read"] = time.perf_counter() - started
         kube_nodes, health_inputs = kube_read.result()
     record.k8s_node_count = len(kube_nodes)
@@ -274,8 +274,11 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
     reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
     live_names = {n.name for n in kube_nodes}
-    endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
-    scan = scan_blocks(inventory, live_names, endpoint_ips, calico2=deps.datastore.type == "etcdv2")
+    scan = inventory.scan
+    if scan is None:
+        endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
+        calico2 = deps.datastore.type == "etcdv2"
+        scan = scan_blocks(inventory.blocks, live_names, endpoint_ips, inventory.handles, calico2)
     stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
     started = time.perf_counter()
     leaked = _leaked(scan.pod_ips, deps, record)
@@ -317,9 +320,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if not config.apply:
         return ExitCode.OK
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
-    record.decisions = apply_plan(
-        plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set
-    )
+    record.decisions = apply_plan(plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set)
     repairs, failures = apply_repairs(plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
     for failure in failures:
         record.error("unavailable", f"stale IPAM handle not repaired: {failure}")

@@ -84,7 +84,7 @@ def test_orphans_go_and_every_allocation_made_meanwhile_stays(
     churn = Churn(harness.etcd.url)
     reads: list[int] = []
     real_read = EtcdV3Datastore.read
-    monkeypatch.setattr(EtcdV3Datastore, "read", lambda self: reads.append(1) or real_read(self))
+    monkeypatch.setattr(EtcdV3Datastore, "read", lambda self, *a: reads.append(1) or real_read(self, *a))
     real = harness.dependencies
 
     def churning(config: Any, **kwargs: Any) -> Any:

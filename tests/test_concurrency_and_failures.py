@@ -184,7 +184,7 @@ def test_key_changed_under_a_delete_is_reread_and_decided_again(
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", someone_allocates_in_the_orphans_block)
     reads = []
     real = EtcdV3Datastore.read
-    monkeypatch.setattr(EtcdV3Datastore, "read", lambda self: reads.append(1) or real(self))
+    monkeypatch.setattr(EtcdV3Datastore, "read", lambda self, *a: reads.append(1) or real(self, *a))
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
     block = json.loads(harness.dump()[block_key][0])

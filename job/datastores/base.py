@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Protocol
 
 from job.model import Inventory, Step, StoredItem
@@ -32,8 +32,13 @@ class Datastore(Protocol):
         """Where the data lives, for the report (never credentials)."""
         ...
 
-    def read(self) -> Inventory:
-        """One consistent, paged read of everything the planner needs."""
+    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+        """One consistent, paged read of everything the planner needs.
+
+        `kube_names` gives the Kubernetes Node names (waiting for them if need be). A datastore
+        may use it to keep only a summary of live hosts' data (plan.is_live), which the plan
+        never acts on: see Inventory.scan. Without it, everything is kept.
+        """
         ...
 
     def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:

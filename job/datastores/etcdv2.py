@@ -9,7 +9,7 @@ order, and a failed compare stops the step so that the planner decides again fro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from functools import partial
 from typing import Any
 
@@ -219,7 +219,9 @@ class EtcdV2Datastore:
         node = self._get(HOSTS)
         return bool(node and node.get("nodes"))
 
-    def read(self) -> Inventory:
+    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+        """Everything: etcd v2 answers each tree whole (it cannot page), so `kube_names` (see
+        Datastore.read) would not lower the peak."""
         guid, ready = self._get(CLUSTER_GUID), self._get(READY)
         cluster = ClusterInfo(
             guid.get("value") if guid else None, None if ready is None else ready.get("value") != "false"

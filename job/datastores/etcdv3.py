@@ -15,14 +15,15 @@ import queue
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from job.audit import find_dangling, scan_blocks
 from job.config import Config
 from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.datastores.etcd_http import EtcdHttp
-from job.ipam import block_shape_problem, summarize_block, tunnel_handle_node
+from job.ipam import add_held, block_shape_problem, is_exact, summarize_block, tunnel_handle_node
 from job.model import (
     BlockAffinity,
     CalicoHost,
@@ -35,6 +36,7 @@ from job.model import (
     StoredItem,
     WorkloadEndpoint,
 )
+from job.plan import is_live
 from job.retry import RetryPolicy
 
 RESOURCES = "/calico/resources/v3/projectcalico.org/"
@@ -68,8 +70,10 @@ PREFIXES = (
     HANDLES,
     FELIX_STATUS,
 )
-# The two large prefixes get a worker each; the small ones share one.
-READ_GROUPS = ((WORKLOAD_ENDPOINTS,), (HANDLES,), tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, HANDLES)))
+# First the small prefixes, which name the hosts (one worker); then the large ones, a worker for
+# the endpoints and one for the blocks and then the handles, which are judged against the blocks.
+HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS, HANDLES)),)
+BULK_GROUPS = ((WORKLOAD_ENDPOINTS,), (BLOCKS, HANDLES))
 READ_QUEUE_PAGES = 2
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
@@ -179,6 +183,14 @@ class Collected:
     pools: list[str] = field(default_factory=list)
     cluster: ClusterInfo = field(default_factory=ClusterInfo)
     problems: list[DataProblem] = field(default_factory=list)
+    # Set once the hosts are read, when the Kubernetes Node names are known (Calico name -> live).
+    # Then a live host's endpoints are kept as their IPs only, and only the handles a plan may
+    # write are kept: the blocks are read before the handles, so each handle is judged on arrival.
+    live: Callable[[str], bool] | None = None
+    live_ips: set[str] = field(default_factory=set)
+    held: dict[str, str | dict[str, int]] = field(default_factory=dict)  # ipam.Held, from the blocks
+    wanted: set[str] = field(default_factory=set)  # handles of allocations no live host owns
+    unread: set[str] | None = None  # handles the blocks name that were not read (yet)
 
     def problem(self, kind: str, key: str, message: str) -> None:
         self.problems.append(DataProblem(kind, key, message))
@@ -217,6 +229,9 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         ips = tuple(n.split("/", 1)[0] for n in (networks if isinstance(networks, list) else []) if isinstance(n, str))
         # The value is dropped (100,000 endpoints would hold ~100 MB): see Datastore.values_at.
         node = sys.intern(node)
+        if collected.live is not None and collected.live(node):
+            collected.live_ips.update(ips)  # all the leak check needs of a live host's endpoint
+            return
         collected.endpoints[node].append(WorkloadEndpoint(StoredItem(item.key, item.revision, None), node, ips))
     elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
         prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
@@ -249,6 +264,8 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
     elif key.startswith(HANDLES):
         # Parsed only when a release needs it: nearly all handles belong to live pods.
         handle_id = key[len(HANDLES) :]
+        if collected.live is not None and not _may_write(collected, handle_id, item.value):
+            return
         collected.handles[handle_id] = IpamHandle(item, handle_id)
     elif key.startswith(FELIX_STATUS):
         parts = key[len(FELIX_STATUS) :].split("/", 3)
@@ -286,6 +303,28 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
         return
     affine_host, owners = summarize_block(value)
     collected.blocks.append(IpamBlock(item, cidr, affine_host, owners))
+    if collected.live is not None:
+        attributes = value.get("attributes") or []
+        for ordinal, owner in owners.items():
+            handle = attributes[value["allocations"][ordinal]].get("handle_id")
+            if isinstance(handle, str) and handle:
+                add_held(collected.held, handle, cidr)
+                if owner is None or not collected.live(owner):
+                    collected.wanted.add(handle)
+
+
+def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
+    """Whether a plan may write this handle, so that the read keeps it: it is a tunnel handle,
+    counts other than what the blocks hold (stale, or holding nothing), or counts an allocation
+    that no live host owns. Every block has been read by now (BLOCKS before HANDLES)."""
+    if collected.unread is None:
+        collected.unread = set(collected.held)
+    collected.unread.discard(handle_id)
+    return (
+        handle_id in collected.wanted
+        or tunnel_handle_node(handle_id) is not None
+        or not is_exact(value, collected.held.get(handle_id))
+    )
 
 
 def _collect_affinity(collected: Collected, item: StoredItem) -> None:
@@ -353,6 +392,27 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
     collected = Collected()
     for item in items:
         collect_key(collected, item)
+    return assemble(collected, revision())
+
+
+def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Callable[[str], bool]:
+    """Whether a Calico name is a live host (plan.is_live), once every Calico Node is read."""
+    known: dict[str, bool] = {}
+    scratch = Collected()  # the Node values are parsed again, problems and all, when hosts are built
+    for name, node in collected.nodes.items():
+        known[name] = is_live(_host(name, node, scratch), k8s_names, config)
+
+    def live(name: str) -> bool:
+        found = known.get(name)
+        if found is None:
+            found = known[name] = is_live(CalicoHost(name, None, None, registered=False), k8s_names, config)
+        return found
+
+    return live
+
+
+def assemble(collected: Collected, revision: int) -> Inventory:
+    """The inventory from what was collected: hosts with what is filed under them."""
     hosts = [_host(name, node, collected) for name, node in sorted(collected.nodes.items())]
     # Names with data but no Calico Node (docs/calico-data.md, "IPAM-only hosts"): removed like a
     # host once no Kubernetes Node has that name, minus the Node they do not have.
@@ -365,7 +425,7 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
         pools=tuple(sorted(collected.pools)),
         cluster=collected.cluster,
         problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
-        revision=revision(),
+        revision=revision,
     )
 
 
@@ -385,6 +445,7 @@ class EtcdV3Datastore:
     def __init__(self, config: Config, retry: RetryPolicy, explain_empty: Callable[[], bool] | None = None) -> None:
         self._explain_empty = explain_empty
         self._http = EtcdHttp(config, retry)
+        self._config = config
         self._page_size = config.page_size
         self._prefix: str | None = None
 
@@ -429,8 +490,9 @@ class EtcdV3Datastore:
                 return
             start = _unb64(kvs[-1]["key"]) + "\0"
 
-    def _items(self, revision: int) -> Iterator[StoredItem]:
-        """Every key of every prefix at `revision`, the prefixes scanned side by side.
+    def _items(self, revision: int, groups: Sequence[tuple[str, ...]]) -> Iterator[StoredItem]:
+        """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the
+        groups side by side.
 
         Within a prefix pages must follow one another; across prefixes they need not, so the
         large prefixes are scanned by their own workers while this thread files the pages: etcd
@@ -457,10 +519,10 @@ class EtcdV3Datastore:
             except BaseException as error:  # handed to the reading thread, which raises it
                 deliver(error)
 
-        for group in READ_GROUPS:
+        for group in groups:
             threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
         try:
-            running = len(READ_GROUPS)
+            running = len(groups)
             while running:
                 page = pages.get()
                 if page is None:
@@ -473,8 +535,8 @@ class EtcdV3Datastore:
         finally:
             stop.set()
 
-    def read(self) -> Inventory:
-        inventory = self._read()
+    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+        inventory = self._read(kube_names)
         if not any(h.registered for h in inventory.hosts) and self._explain_empty is not None and self._explain_empty():
             raise DatastoreMismatch(
                 "the etcd v3 keyspace holds no Calico hosts but the etcd v2 keyspace does: this looks like "
@@ -482,40 +544,60 @@ class EtcdV3Datastore:
             )
         return inventory
 
-    def _read(self) -> Inventory:
+    def _read(self, kube_names: Callable[[], Set[str]] | None) -> Inventory:
+        """The hosts first, then, knowing which are live (when told the Kubernetes Node names),
+        the endpoints, blocks and handles, keeping of live hosts only what the block scan needs
+        (Collected.live): memory then follows hosts and orphans, not keys."""
         # One revision for every prefix: a consistent snapshot of the whole datastore.
         revision = int(self._range(CLUSTER_INFORMATION, None, None)["header"]["revision"])
+        collected = Collected()
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
         try:
-            inventory = build_inventory(self._items(revision), lambda: revision)
+            for item in self._items(revision, HOST_GROUPS):
+                collect_key(collected, item)
+            names = None if kube_names is None else kube_names()
+            if names is not None:
+                collected.live = liveness(collected, names, self._config)
+            for item in self._items(revision, BULK_GROUPS):
+                collect_key(collected, item)
+            inventory = assemble(collected, revision)
         finally:
             gc.enable()
-        return inventory
+        if names is None:
+            return inventory
+        endpoint_ips = collected.live_ips
+        endpoint_ips.update(ip for host in inventory.hosts for e in host.workload_endpoints for ip in e.ips)
+        scan = scan_blocks(inventory.blocks, names, endpoint_ips, None, held=collected.held)
+        unread = collected.unread if collected.unread is not None else set(collected.held)
+        scan.dangling = find_dangling(inventory.blocks, unread)
+        # A leaked IP's handle is written when it is released: read those dropped on the way.
+        leaked = {a.handle for found in scan.pod_ips.values() for a in found} - set(inventory.handles) - unread
+        handles = dict(inventory.handles)
+        for item in self._at([HANDLES + handle_id for handle_id in sorted(leaked)], revision).values():
+            handles[item.key[len(HANDLES) :]] = IpamHandle(item, item.key[len(HANDLES) :])
+        return replace(inventory, handles=handles, scan=scan)
 
-    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
-        """Values of exact keys as they were at `revision`, in transactions of 128 reads."""
-        values: dict[str, str] = {}
-        for start in range(0, len(keys), MAX_TXN_OPS):
-            reads = [
-                {"request_range": {"key": _b64(key), "revision": revision}} for key in keys[start : start + MAX_TXN_OPS]
-            ]
-            response = self._post("/kv/txn", {"success": reads})
-            for answer in response.get("responses", []):
-                for kv in answer.get("response_range", {}).get("kvs", []):
-                    values[_unb64(kv["key"])] = _unb64(kv.get("value", ""))
-        return values
-
-    def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
+    def _at(self, keys: Sequence[str], revision: int | None) -> dict[str, StoredItem]:
+        """Exact keys at `revision` (None: now), in transactions of 128 reads; absent keys left out."""
         found: dict[str, StoredItem] = {}
         for start in range(0, len(keys), MAX_TXN_OPS):
-            reads = [{"request_range": {"key": _b64(key)}} for key in keys[start : start + MAX_TXN_OPS]]
+            reads = [
+                {"request_range": {"key": _b64(key), **({} if revision is None else {"revision": revision})}}
+                for key in keys[start : start + MAX_TXN_OPS]
+            ]
             response = self._post("/kv/txn", {"success": reads})
             for answer in response.get("responses", []):
                 for kv in answer.get("response_range", {}).get("kvs", []):
                     key = _unb64(kv["key"])
                     found[key] = StoredItem(key, int(kv["mod_revision"]), _unb64(kv.get("value", "")))
         return found
+
+    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
+        return {key: item.value or "" for key, item in self._at(keys, revision).items()}
+
+    def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
+        return self._at(keys, None)
 
     def commit(self, step: Step) -> int:
         # An absent key's mod_revision compares as 0 (CREATE): a create is "still absent".

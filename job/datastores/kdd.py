@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 from job.datastores.base import DatastoreError, DatastoreMismatch
@@ -96,7 +96,8 @@ class KddDatastore:
         self._metadata[key] = {k: v for k, v in metadata.items() if k != "managedFields"}
         return StoredItem(key, revision, _dump(obj if value is None else value))
 
-    def read(self) -> Inventory:
+    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+        """Everything; `kube_names` (see Datastore.read) is not used here yet."""
         problems: list[DataProblem] = []
         self._metadata.clear()
         owned: dict[str, list[StoredItem]] = defaultdict(list)

@@ -1,0 +1,82 @@
+"""The etcd v3 read told the Kubernetes Node names (issue 11, memory): it keeps of live hosts only
+what the block scan needs, and every decision is the one the full read gives. Against the real
+etcd, on the kops cluster with every kind of IPAM garbage at once."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from job.audit import ipam_audit, scan_blocks
+from job.datastores.etcdv3 import HANDLES, EtcdV3Datastore
+from job.ipam import stale_handles
+from job.leaks import plan_leaks
+from job.model import Inventory, KubeNode
+from job.plan import plan_run
+from job.retry import RetryPolicy
+from tests.conftest import Harness
+from tests.support import calico
+from tests.support import scenario as s
+from tests.test_audit import garbage
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def decisions(inventory: Inventory, kube_nodes: list[KubeNode], harness: Harness) -> dict[str, Any]:
+    """Everything a run decides from a read: the plan, the stale handles, the leaks and the audit."""
+    config = harness.config(grace_period=timedelta(0), release_leaked_ips=True, max_deletions=50)
+    live = {node.name for node in kube_nodes}
+    scan = inventory.scan
+    if scan is None:
+        ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
+        scan = scan_blocks(inventory.blocks, live, ips, inventory.handles)
+    stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
+    seen_long_ago = {f"handle:{f.handle.handle_id}@{f.handle.item.revision}": NOW - timedelta(hours=1) for f in stale}
+    plan = plan_run(inventory, kube_nodes, seen_long_ago, NOW, config, (), stale)
+    leaked = [a for found in scan.pod_ips.values() for a in found]
+    leak_state = {f"leak:{a.ip}@{a.handle}": NOW - timedelta(hours=1) for a in leaked}
+    blocks = {block.cidr: block for block in inventory.blocks}
+    leak_plan = plan_leaks(leaked, blocks, inventory.handles, leak_state, NOW, config, set())
+    return {
+        "hosts": {d.host.name: (d.action, d.reason, d.steps) for d in plan.decisions},
+        "live": plan.live_hosts,
+        "conflicts": plan.conflicts,
+        "repairs": plan.repairs,
+        "leaks": leak_plan.releases,
+        "audit": ipam_audit(inventory, live, scan, stale, plan.repairs, leaked, leak_plan),
+    }
+
+
+@pytest.mark.parametrize("page_size", [2, 500])
+def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness, page_size: int) -> None:
+    stale, dangling = garbage(harness)  # a stale handle and an allocation whose handle is gone
+    calico.delete(harness.etcd.url, f"/calico/resources/v3/projectcalico.org/nodes/{s.POD_ORPHAN}")  # IPAM-only
+    keys = harness.dump()
+    attributes = [a for k, (v, _) in keys.items() if "/assignment/" in k for a in json.loads(v)["attributes"]]
+    live_pods = [a for a in attributes if "pod" in a["secondary"] and a["secondary"]["node"] in s.LIVE]
+    pods = {a["secondary"]["pod"]: a["handle_id"] for a in live_pods}
+    pod, leaked = next((p, h) for p, h in sorted(pods.items()) if h not in (stale, dangling))
+    endpoint = next(k for k in keys if "/workloadendpoints/" in k and f"-k8s-{pod.replace('-', '--')}-" in k)
+    calico.delete(harness.etcd.url, endpoint)  # its pod IP leaks
+    kube_nodes = [KubeNode(name) for name, _ in s.kops_cluster().k8s_nodes]
+    store = EtcdV3Datastore(harness.config(page_size=page_size), RetryPolicy())
+    try:
+        full = store.read()
+        lean = store.read(lambda: {node.name for node in kube_nodes})
+    finally:
+        store.close()
+
+    assert full.scan is None and lean.scan is not None
+    assert decisions(lean, kube_nodes, harness) == decisions(full, kube_nodes, harness)
+    # ...while it keeps less: no live host's endpoint, and of the handles only those a plan may write.
+    live = {h.name: h for h in lean.hosts if h.name in s.LIVE}
+    assert live and not any(h.workload_endpoints for h in live.values())
+    assert any(h.workload_endpoints for h in full.hosts if h.name in s.LIVE)
+    assert stale in lean.handles and leaked in lean.handles  # stale; a leaked IP's (read again)
+    assert [d["handle"] for d in lean.scan.dangling] == [dangling]
+    dropped = set(full.handles) - set(lean.handles)
+    assert dropped and all(not h.startswith("ipip-tunnel-addr-") for h in dropped)
+    assert all(HANDLES + h in keys for h in dropped)
