@@ -12,7 +12,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from job.ipam import StaleHandle, add_held, address_in, affinity_host, block_data
+from job.ipam import Held, StaleHandle, address_in, affinity_host, block_data
 from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan, pod_attribution
 from job.model import HandleRepair, Inventory, IpamBlock
 from job.plan import HANDLE_REPAIRED
@@ -42,37 +42,27 @@ def _found(items: list[Any], key: Any = None) -> dict[str, Any]:
 @dataclass
 class BlockScan:
     """What one pass over every block gives the IPAM check, the stale-handle check and the
-    leak check, so that each block is parsed once a run."""
+    leak check, so that each block is parsed once a run. `pod_ips` gets each allocation that
+    names a pod on a live node and that no workload endpoint holds (leaks.pod_attribution)."""
 
-    held: dict[str, str | dict[str, int]] = field(default_factory=dict)  # handle -> what blocks hold (ipam.holds)
+    live_nodes: Set[str] = frozenset()
+    endpoint_ips: Set[str] = frozenset()
+    calico2: bool = False
+    held: Held = field(default_factory=Held)
     allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
     per_node: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
 
-
-def scan_blocks(
-    blocks: Iterable[IpamBlock],
-    live_nodes: Set[str],
-    endpoint_ips: Set[str],
-    handles: Container[str] | None,
-    calico2: bool = False,
-    held: dict[str, str | dict[str, int]] | None = None,
-) -> BlockScan:
-    """One pass over every block. `pod_ips` gets each allocation that names a pod on a live node
-    and that no workload endpoint holds (leaks.pod_attribution says which). `dangling` is filled
-    only when `handles` is given (else see find_dangling); `held`, when the read counted it."""
-    count_held = held is None
-    scan = BlockScan(held={} if held is None else held)
-    held, per_node = scan.held, scan.per_node
-    for block in blocks:
-        data = block_data(block)
+    def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> None:
+        """One block's JSON. `dangling` is filled only when `handles` is given; a read that scans
+        blocks before it reads the handles calls find_dangling once it has."""
+        per_node = self.per_node
         host = affinity_host(data)
         if host:
             per_node[host]["blocks"] += 1
         attributes = data.get("attributes") or []
-        ip_of = address_in(block.cidr)
-        cidr = block.cidr
+        ip_of = address_in(cidr)
         count = 0
         for ordinal, index in enumerate(data["allocations"]):
             if index is None:
@@ -84,31 +74,40 @@ def scan_blocks(
             per_node[secondary.get("node") or host or ""]["allocated"] += 1
             if not handle or not isinstance(handle, str):
                 continue
-            if count_held:
-                add_held(held, handle, cidr)
+            self.held.add(handle, cidr)
             if handles is not None and handle not in handles:
-                scan.dangling.append({"ip": ip_of(ordinal), "handle": handle})
-            names = pod_attribution(attribute, handle, live_nodes, calico2)
+                self.dangling.append({"ip": ip_of(ordinal), "handle": handle})
+            names = pod_attribution(attribute, handle, self.live_nodes, self.calico2)
             if names is not None:
                 ip = ip_of(ordinal)
-                if ip not in endpoint_ips:
+                if ip not in self.endpoint_ips:
                     node, namespace, pod = names
-                    scan.pod_ips[(namespace, pod)].append(Allocation(ip, cidr, ordinal, handle, node, namespace, pod))
-        scan.allocated[cidr] = count
+                    self.pod_ips[(namespace, pod)].append(Allocation(ip, cidr, ordinal, handle, node, namespace, pod))
+        self.allocated[cidr] = count
+
+
+def scan_blocks(
+    blocks: Iterable[IpamBlock], live_nodes: Set[str], endpoint_ips: Set[str], handles: Container[str], calico2: bool
+) -> BlockScan:
+    """One pass over every block (BlockScan.add)."""
+    scan = BlockScan(live_nodes, endpoint_ips, calico2)
+    for block in blocks:
+        scan.add(block.cidr, block_data(block), handles)
     return scan
 
 
-def find_dangling(blocks: Iterable[IpamBlock], missing: Set[str]) -> list[dict[str, str]]:
-    """The allocations whose handle is one of `missing` (no handle key exists for it)."""
+def find_dangling(blocks: Iterable[IpamBlock], missing: Set[int]) -> list[dict[str, str]]:
+    """The allocations in `blocks` whose handle id hashes into `missing` (Held's keys that no
+    handle key was read for)."""
     found = []
-    if missing:
-        for block in blocks:
-            data = block_data(block)
-            attributes = data.get("attributes") or []
-            ip_of = address_in(block.cidr)
-            for ordinal, index in enumerate(data["allocations"]):
-                if index is not None and attributes[index].get("handle_id") in missing:
-                    found.append({"ip": ip_of(ordinal), "handle": attributes[index]["handle_id"]})
+    for block in blocks:
+        data = block_data(block)
+        attributes = data.get("attributes") or []
+        ip_of = address_in(block.cidr)
+        for ordinal, index in enumerate(data["allocations"]):
+            handle = attributes[index].get("handle_id") if index is not None else None
+            if isinstance(handle, str) and hash(handle) in missing:
+                found.append({"ip": ip_of(ordinal), "handle": handle})
     return found
 
 
@@ -126,7 +125,7 @@ def ipam_audit(
     about them."""
     actions = {repair.handle_id: repair.action for repair in repairs}
     held, allocated, per_node, dangling = scan.held, scan.allocated, scan.per_node, scan.dangling
-    empty = [h for h in inventory.handles if not held.get(h)]  # Calico deletes a handle once it holds none
+    empty = [h for h in inventory.handles if h not in held]  # Calico deletes a handle once it holds none
     stale_found = [
         {
             "handle": finding.handle.handle_id,

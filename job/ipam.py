@@ -79,7 +79,9 @@ def summarize_block(data: Mapping[str, Any]) -> tuple[str | None, dict[int, str 
 
 def block_data(block: IpamBlock) -> JsonObject:
     """A block's JSON; the adapter validated its shape when it read it."""
-    data: JsonObject = json.loads(block.item.value or "{}")
+    if block.item.value is None:  # a lean read's summary (Inventory.scan): a bug to get here
+        raise LookupError(f"IPAM block {block.cidr} was read without its value")
+    data: JsonObject = json.loads(block.item.value)
     return data
 
 
@@ -494,25 +496,60 @@ def address_in(cidr: str) -> Callable[[int], str]:
     return lambda ordinal: str(ipaddress.IPv6Address(base + ordinal))
 
 
-Held = Mapping[str, str | Mapping[str, int]]  # handle -> {cidr: allocations}, or the cidr alone for one
+class Held:
+    """What the blocks hold for each handle: {cidr: allocations}, for the stale-handle check.
 
+    There is one entry per pod, so it is kept small: keyed by the hash of the handle id, not the
+    id, and a handle's lone allocation is kept as its block's cidr (one string per block). Two ids
+    with one hash (a 64-bit hash; about 1e-9 at 300,000 handles) would share their counts. That
+    only ever raises what a handle is found to hold, so it can hide a stale handle or a missing
+    one, never make one up: nothing is written because of it.
+    """
 
-def add_held(held: dict[str, str | dict[str, int]], handle_id: str, cidr: str) -> None:
-    """Count one allocation of `handle_id` in block `cidr`; a handle's first is kept as the cidr
-    alone (one string shared by the block's handles), since nearly every handle has one IP."""
-    counts = held.get(handle_id)
-    if counts is None:
-        held[handle_id] = cidr
-    elif isinstance(counts, str):
-        held[handle_id] = {cidr: 2} if counts == cidr else {counts: 1, cidr: 1}
-    else:
-        counts[cidr] = counts.get(cidr, 0) + 1
+    __slots__ = ("_by_hash",)
 
+    def __init__(self) -> None:
+        self._by_hash: dict[int, str | dict[str, int]] = {}
 
-def holds(held: Held, handle_id: str) -> Mapping[str, int]:
-    """What the blocks hold for a handle, by cidr (audit.scan_blocks keeps a lone IP as its cidr)."""
-    found = held.get(handle_id)
-    return {found: 1} if isinstance(found, str) else (found or {})
+    def add(self, handle_id: str, cidr: str) -> None:
+        key = hash(handle_id)
+        counts = self._by_hash.get(key)
+        if counts is None:
+            self._by_hash[key] = cidr
+        elif isinstance(counts, str):
+            self._by_hash[key] = {cidr: 2} if counts == cidr else {counts: 1, cidr: 1}
+        else:
+            counts[cidr] = counts.get(cidr, 0) + 1
+
+    def counts(self, handle_id: str) -> Mapping[str, int]:
+        found = self._by_hash.get(hash(handle_id))
+        return {found: 1} if isinstance(found, str) else (found or {})
+
+    def __contains__(self, handle_id: object) -> bool:
+        return hash(handle_id) in self._by_hash
+
+    def hashes(self) -> set[int]:
+        return set(self._by_hash)
+
+    def cidrs(self, hashes: Iterable[int]) -> set[str]:
+        """The blocks holding allocations of the handles with these hashes."""
+        found: set[str] = set()
+        for key in hashes:
+            counts = self._by_hash.get(key)
+            found.update((counts,) if isinstance(counts, str) else counts or ())
+        return found
+
+    def exact(self, handle_id: str, value: str | None) -> bool:
+        """Whether a handle's text is exactly what Calico writes for what one block holds for it:
+        nearly every handle. Compared as text, only the handles that differ are parsed."""
+        found = self._by_hash.get(hash(handle_id))
+        if isinstance(found, str):
+            cidr, count = found, 1
+        elif found is not None and len(found) == 1:
+            ((cidr, count),) = found.items()
+        else:
+            return False
+        return value == f'{{"block":{{"{cidr}":{count}}},"deleted":false}}'
 
 
 def stale_handles(
@@ -524,9 +561,9 @@ def stale_handles(
     found = []
     normal: dict[str, str | None] = {}  # handles name the same few thousand blocks: parse each once
     for handle_id, handle in handles.items():
-        if is_exact(handle.item.value, held.get(handle_id)):
+        if held.exact(handle_id, handle.item.value):
             continue  # as Calico writes a handle counting exactly what its one block holds
-        counts = holds(held, handle_id)
+        counts = held.counts(handle_id)
         data = parse_handle(handle.item.value or "")
         if data is None or handle_problem(data) is not None:
             continue
@@ -544,18 +581,6 @@ def stale_handles(
         if over:
             found.append(StaleHandle(handle, over, lowered_handle(data, actual)))
     return sorted(found, key=lambda stale: stale.handle.handle_id)
-
-
-def is_exact(value: str | None, held: str | Mapping[str, int] | None) -> bool:
-    """Whether a handle's text is exactly what Calico writes for what one block holds for it:
-    nearly every handle. Compared as text, only the handles that differ are parsed."""
-    if isinstance(held, str):
-        cidr, count = held, 1
-    elif held is not None and len(held) == 1:
-        ((cidr, count),) = held.items()
-    else:
-        return False
-    return value == f'{{"block":{{"{cidr}":{count}}},"deleted":false}}'
 
 
 def parse_handle(text: str) -> Any:

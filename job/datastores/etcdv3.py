@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from job.audit import find_dangling, scan_blocks
+from job.audit import BlockScan, find_dangling
 from job.config import Config
 from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.datastores.etcd_http import EtcdHttp
-from job.ipam import add_held, block_shape_problem, is_exact, summarize_block, tunnel_handle_node
+from job.ipam import block_shape_problem, normal_cidr, parse_handle, summarize_block, tunnel_handle_node
 from job.model import (
     BlockAffinity,
     CalicoHost,
@@ -70,10 +70,10 @@ PREFIXES = (
     HANDLES,
     FELIX_STATUS,
 )
-# First the small prefixes, which name the hosts (one worker); then the large ones, a worker for
-# the endpoints and one for the blocks and then the handles, which are judged against the blocks.
+# First the small prefixes, which name the hosts; then the large ones in this order: the blocks
+# are scanned knowing every endpoint IP, and each handle is judged knowing every block.
 HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS, HANDLES)),)
-BULK_GROUPS = ((WORKLOAD_ENDPOINTS,), (BLOCKS, HANDLES))
+BULK_GROUPS = ((WORKLOAD_ENDPOINTS, BLOCKS, HANDLES),)
 READ_QUEUE_PAGES = 2
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
@@ -187,10 +187,11 @@ class Collected:
     # Then a live host's endpoints are kept as their IPs only, and only the handles a plan may
     # write are kept: the blocks are read before the handles, so each handle is judged on arrival.
     live: Callable[[str], bool] | None = None
+    k8s_names: Set[str] = frozenset()
     live_ips: set[str] = field(default_factory=set)
-    held: dict[str, str | dict[str, int]] = field(default_factory=dict)  # ipam.Held, from the blocks
+    scan: BlockScan | None = None  # made once the endpoints are read (see scanning)
     wanted: set[str] = field(default_factory=set)  # handles of allocations no live host owns
-    unread: set[str] | None = None  # handles the blocks name that were not read (yet)
+    unread: set[int] | None = None  # hashes of handles the blocks name that were not read (yet)
 
     def problem(self, kind: str, key: str, message: str) -> None:
         self.problems.append(DataProblem(kind, key, message))
@@ -302,28 +303,45 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
         collected.problem("malformed_value", item.key, problem)
         return
     affine_host, owners = summarize_block(value)
-    collected.blocks.append(IpamBlock(item, cidr, affine_host, owners))
-    if collected.live is not None:
-        attributes = value.get("attributes") or []
-        for ordinal, owner in owners.items():
+    live = collected.live
+    if live is None:
+        collected.blocks.append(IpamBlock(item, cidr, affine_host, owners))
+        return
+    scanning(collected).add(cidr, value)
+    attributes = value.get("attributes") or []
+    touched = affine_host is not None and not live(affine_host)
+    for ordinal, owner in owners.items():
+        if owner is None or not live(owner):
+            touched = True
             handle = attributes[value["allocations"][ordinal]].get("handle_id")
             if isinstance(handle, str) and handle:
-                add_held(collected.held, handle, cidr)
-                if owner is None or not collected.live(owner):
-                    collected.wanted.add(handle)
+                collected.wanted.add(handle)
+    # A block no orphan touches keeps only its summary; its value is read again if a plan needs it.
+    collected.blocks.append(IpamBlock(item if touched else replace(item, value=None), cidr, affine_host, owners))
+
+
+def scanning(collected: Collected) -> BlockScan:
+    """The block scan of a read that knows which hosts are live, made when the first block comes:
+    BULK_GROUPS reads every endpoint before any block, so the endpoint IPs are all known."""
+    if collected.scan is None:
+        ips = collected.live_ips
+        ips.update(ip for found in collected.endpoints.values() for endpoint in found for ip in endpoint.ips)
+        collected.scan = BlockScan(collected.k8s_names, ips)
+    return collected.scan
 
 
 def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
     """Whether a plan may write this handle, so that the read keeps it: it is a tunnel handle,
     counts other than what the blocks hold (stale, or holding nothing), or counts an allocation
     that no live host owns. Every block has been read by now (BLOCKS before HANDLES)."""
+    held = scanning(collected).held
     if collected.unread is None:
-        collected.unread = set(collected.held)
-    collected.unread.discard(handle_id)
+        collected.unread = held.hashes()
+    collected.unread.discard(hash(handle_id))
     return (
         handle_id in collected.wanted
         or tunnel_handle_node(handle_id) is not None
-        or not is_exact(value, collected.held.get(handle_id))
+        or not held.exact(handle_id, value)
     )
 
 
@@ -558,25 +576,44 @@ class EtcdV3Datastore:
                 collect_key(collected, item)
             names = None if kube_names is None else kube_names()
             if names is not None:
-                collected.live = liveness(collected, names, self._config)
+                collected.live, collected.k8s_names = liveness(collected, names, self._config), names
             for item in self._items(revision, BULK_GROUPS):
                 collect_key(collected, item)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
-        if names is None:
-            return inventory
-        endpoint_ips = collected.live_ips
-        endpoint_ips.update(ip for host in inventory.hosts for e in host.workload_endpoints for ip in e.ips)
-        scan = scan_blocks(inventory.blocks, names, endpoint_ips, None, held=collected.held)
-        unread = collected.unread if collected.unread is not None else set(collected.held)
-        scan.dangling = find_dangling(inventory.blocks, unread)
-        # A leaked IP's handle is written when it is released: read those dropped on the way.
-        leaked = {a.handle for found in scan.pod_ips.values() for a in found} - set(inventory.handles) - unread
+        return inventory if collected.live is None else self._completed(inventory, collected)
+
+    def _completed(self, inventory: Inventory, collected: Collected) -> Inventory:
+        """A lean read (Collected.live) with what a plan may still need read again at its
+        revision: the handles of leaked IPs, and the blocks that a plan may edit or count in."""
+        assert collected.live is not None
+        live, scan = collected.live, scanning(collected)
+        unread = collected.unread if collected.unread is not None else scan.held.hashes()
+        leaked = {a.handle for found in scan.pod_ips.values() for a in found}
         handles = dict(inventory.handles)
-        for item in self._at([HANDLES + handle_id for handle_id in sorted(leaked)], revision).values():
+        wanted = sorted(h for h in leaked - set(handles) if hash(h) not in unread)
+        for item in self._at([HANDLES + handle_id for handle_id in wanted], inventory.revision).values():
             handles[item.key[len(HANDLES) :]] = IpamHandle(item, item.key[len(HANDLES) :])
-        return replace(inventory, handles=handles, scan=scan)
+        # The blocks a plan may edit or count in: those its handles hold IPs in (a leaked IP's
+        # included) or count (ipam._held_after), those an orphan has an affinity key for; and
+        # those an allocation without a handle is in (for the audit's sample).
+        needed = {a.cidr for host in inventory.hosts if not live(host.name) for a in host.affinities}
+        for handle_id, handle in handles.items():
+            node = tunnel_handle_node(handle_id)
+            if node is not None and live(node):
+                continue  # a live host's: written by no plan
+            needed.update(scan.held.counts(handle_id))
+            counted = parse_handle(handle.item.value or "")
+            if isinstance(counted, dict) and isinstance(counted.get("block"), dict):
+                needed.update(c for c in map(normal_cidr, counted["block"]) if c)
+        needed.update(scan.held.cidrs(unread))
+        summaries = [b for b in inventory.blocks if b.item.value is None and b.cidr in needed]
+        read = self._at([b.item.key for b in summaries], inventory.revision)
+        blocks = tuple(replace(b, item=read.get(b.item.key, b.item)) for b in inventory.blocks)
+        if unread:
+            scan.dangling = find_dangling((b for b in blocks if b.cidr in needed and b.item.value), unread)
+        return replace(inventory, blocks=blocks, handles=handles, scan=scan)
 
     def _at(self, keys: Sequence[str], revision: int | None) -> dict[str, StoredItem]:
         """Exact keys at `revision` (None: now), in transactions of 128 reads; absent keys left out."""
