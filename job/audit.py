@@ -7,6 +7,7 @@ read). The last two are reported, never acted on: docs/calico-data.md says why."
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections import Counter, defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -42,17 +43,22 @@ def _found(items: list[Any], key: Any = None) -> dict[str, Any]:
 @dataclass
 class BlockScan:
     """What one pass over every block gives the IPAM check, the stale-handle check and the
-    leak check, so that each block is parsed once a run. `pod_ips` gets each allocation that
-    names a pod on a live node and that no workload endpoint holds (leaks.pod_attribution)."""
+    leak check, so that each block is parsed once a run (and again only where a leak may be).
+
+    Leak candidates are found in three moves, so that no set of every endpoint IP is needed: `add`
+    marks, per block, the ordinals that name a pod on a live node (leaks.pod_attribution);
+    `held_by_endpoints` clears those any workload endpoint holds; `attribute` turns what is left
+    into `pod_ips`, parsing only those blocks."""
 
     live_nodes: Set[str] = frozenset()
-    endpoint_ips: Set[str] = frozenset()
     calico2: bool = False
     held: Held = field(default_factory=Held)
     allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
     per_node: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
+    unheld: dict[str, int] = field(default_factory=dict)  # cidr -> bits of the ordinals above
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
+    _networks: dict[tuple[int, int], dict[int, str]] | None = None  # (version, length) -> base -> cidr
 
     def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> None:
         """One block's JSON. `dangling` is filled only when `handles` is given; a read that scans
@@ -63,7 +69,7 @@ class BlockScan:
             per_node[host]["blocks"] += 1
         attributes = data.get("attributes") or []
         ip_of = address_in(cidr)
-        count = 0
+        count = bits = 0
         for ordinal, index in enumerate(data["allocations"]):
             if index is None:
                 continue
@@ -77,22 +83,75 @@ class BlockScan:
             self.held.add(handle, cidr)
             if handles is not None and handle not in handles:
                 self.dangling.append({"ip": ip_of(ordinal), "handle": handle})
-            names = pod_attribution(attribute, handle, self.live_nodes, self.calico2)
-            if names is not None:
-                ip = ip_of(ordinal)
-                if ip not in self.endpoint_ips:
-                    node, namespace, pod = names
-                    self.pod_ips[(namespace, pod)].append(Allocation(ip, cidr, ordinal, handle, node, namespace, pod))
+            if pod_attribution(attribute, handle, self.live_nodes, self.calico2) is not None:
+                bits |= 1 << ordinal
         self.allocated[cidr] = count
+        if bits:
+            self.unheld[cidr] = bits
+
+    def held_by_endpoints(self, ips: Iterable[str]) -> None:
+        """Clear the ordinals at these workload endpoint IPs; every block must be added first."""
+        if self._networks is None:
+            self._networks = defaultdict(dict)
+            for cidr in self.unheld:
+                network = ipaddress.ip_network(cidr)
+                self._networks[(network.version, network.prefixlen)][int(network.network_address)] = cidr
+        for ip in ips:
+            located = _locate(ip, self._networks)
+            if located is not None:
+                cidr, ordinal = located
+                self.unheld[cidr] &= ~(1 << ordinal)
+
+    def attribute(self, blocks: Iterable[IpamBlock]) -> None:
+        """`pod_ips` from the ordinals no endpoint holds, in these blocks (those `unheld` names)."""
+        for block in blocks:
+            bits = self.unheld.get(block.cidr, 0)
+            if not bits:
+                continue
+            data = block_data(block)
+            attributes = data["attributes"]
+            ip_of = address_in(block.cidr)
+            for ordinal, index in enumerate(data["allocations"]):
+                if index is not None and bits >> ordinal & 1:
+                    attribute = attributes[index]
+                    handle = attribute["handle_id"]
+                    names = pod_attribution(attribute, handle, self.live_nodes, self.calico2)
+                    if names is not None:
+                        node, namespace, pod = names
+                        allocation = Allocation(ip_of(ordinal), block.cidr, ordinal, handle, node, namespace, pod)
+                        self.pod_ips[(namespace, pod)].append(allocation)
+
+
+def _locate(ip: str, networks: Mapping[tuple[int, int], Mapping[int, str]]) -> tuple[str, int] | None:
+    """The block (of those indexed) an IP is in, and its ordinal there; None when in none."""
+    try:
+        packed = socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+    except OSError:
+        return None
+    version, address = (6 if len(packed) == 16 else 4), int.from_bytes(packed, "big")
+    width = 128 if version == 6 else 32
+    for (family, length), bases in networks.items():
+        if family == version:
+            base = address >> (width - length) << (width - length)
+            cidr = bases.get(base)
+            if cidr is not None:
+                return cidr, address - base
+    return None
 
 
 def scan_blocks(
-    blocks: Iterable[IpamBlock], live_nodes: Set[str], endpoint_ips: Set[str], handles: Container[str], calico2: bool
+    blocks: Sequence[IpamBlock],
+    live_nodes: Set[str],
+    endpoint_ips: Iterable[str],
+    handles: Container[str],
+    calico2: bool,
 ) -> BlockScan:
-    """One pass over every block (BlockScan.add)."""
-    scan = BlockScan(live_nodes, endpoint_ips, calico2)
+    """One pass over every block (BlockScan.add), and the leak candidates."""
+    scan = BlockScan(live_nodes, calico2)
     for block in blocks:
         scan.add(block.cidr, block_data(block), handles)
+    scan.held_by_endpoints(endpoint_ips)
+    scan.attribute(blocks)
     return scan
 
 

@@ -140,8 +140,9 @@ class Inventory:
     kube_controllers: Mapping[str, object] | None = None  # Kubernetes datastore: who else cleans
     # The pass over every block, when the read made it on the way (etcd v3 given the Kubernetes
     # Node names). Such a read keeps of live hosts only what this scan counted: their workload
-    # endpoints are not in `hosts`, and `handles` holds only those a plan may write (stale ones,
-    # tunnel handles, those of allocations no live host owns, those of leaked IPs).
+    # endpoints, affinities and owned keys are not in `hosts`; `handles` holds only those a plan
+    # may write (stale ones, tunnel handles, those of allocations no live host owns, those of
+    # leaked IPs); and a block no plan edits or counts in has no value (`item.value` None).
     scan: BlockScan | None = None
 
 

@@ -83,8 +83,8 @@ def test_a_node_registering_while_etcd_v3_is_read_is_not_seen_half(
     real = EtcdV3Datastore._range
     calls = []
 
-    def range_then_register(self: Any, start: str, end: str | None, revision: int | None) -> dict[str, Any]:
-        answer = real(self, start, end, revision)
+    def range_then_register(self: Any, start: str, end: str | None, revision: int | None, *rest: Any) -> dict[str, Any]:
+        answer = real(self, start, end, revision, *rest)
         if not calls:  # right after the revision is pinned
             calico.load(harness.etcd.url, newcomer.keys)
         calls.append(start)

@@ -70,10 +70,11 @@ PREFIXES = (
     HANDLES,
     FELIX_STATUS,
 )
-# First the small prefixes, which name the hosts; then the large ones in this order: the blocks
-# are scanned knowing every endpoint IP, and each handle is judged knowing every block.
+# The small prefixes, which name the hosts, first; then the blocks, judged by which hosts are live;
+# then the endpoints and the handles side by side, both judged against the blocks.
 HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS, HANDLES)),)
-BULK_GROUPS = ((WORKLOAD_ENDPOINTS, BLOCKS, HANDLES),)
+BLOCK_GROUPS = ((BLOCKS,),)
+BULK_GROUPS = ((WORKLOAD_ENDPOINTS,), (HANDLES,))
 READ_QUEUE_PAGES = 2
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
@@ -83,6 +84,7 @@ TUNNEL_FIELDS = (
     ("wireguard", "interfaceIPv6Address"),
 )
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+PAGE_BYTES = 4 << 20  # base64 value bytes a page holds at most, after the first (see scan)
 
 
 def _b64(text: str) -> str:
@@ -188,10 +190,9 @@ class Collected:
     # write are kept: the blocks are read before the handles, so each handle is judged on arrival.
     live: Callable[[str], bool] | None = None
     k8s_names: Set[str] = frozenset()
-    live_ips: set[str] = field(default_factory=set)
-    scan: BlockScan | None = None  # made once the endpoints are read (see scanning)
+    scan: BlockScan | None = None
     wanted: set[str] = field(default_factory=set)  # handles of allocations no live host owns
-    unread: set[int] | None = None  # hashes of handles the blocks name that were not read (yet)
+    named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
 
     def problem(self, kind: str, key: str, message: str) -> None:
         self.problems.append(DataProblem(kind, key, message))
@@ -230,9 +231,10 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         ips = tuple(n.split("/", 1)[0] for n in (networks if isinstance(networks, list) else []) if isinstance(n, str))
         # The value is dropped (100,000 endpoints would hold ~100 MB): see Datastore.values_at.
         node = sys.intern(node)
-        if collected.live is not None and collected.live(node):
-            collected.live_ips.update(ips)  # all the leak check needs of a live host's endpoint
-            return
+        if collected.live is not None:
+            scanning(collected).held_by_endpoints(ips)  # all the leak check needs of an endpoint
+            if collected.live(node):
+                return  # a live host's: never planned
         collected.endpoints[node].append(WorkloadEndpoint(StoredItem(item.key, item.revision, None), node, ips))
     elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
         prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
@@ -321,23 +323,18 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
 
 
 def scanning(collected: Collected) -> BlockScan:
-    """The block scan of a read that knows which hosts are live, made when the first block comes:
-    BULK_GROUPS reads every endpoint before any block, so the endpoint IPs are all known."""
+    """The block scan of a read that knows which hosts are live (BLOCK_GROUPS)."""
     if collected.scan is None:
-        ips = collected.live_ips
-        ips.update(ip for found in collected.endpoints.values() for endpoint in found for ip in endpoint.ips)
-        collected.scan = BlockScan(collected.k8s_names, ips)
+        collected.scan = BlockScan(collected.k8s_names)
     return collected.scan
 
 
 def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
     """Whether a plan may write this handle, so that the read keeps it: it is a tunnel handle,
     counts other than what the blocks hold (stale, or holding nothing), or counts an allocation
-    that no live host owns. Every block has been read by now (BLOCKS before HANDLES)."""
+    that no live host owns. Every block has been read by now (BLOCK_GROUPS come first)."""
     held = scanning(collected).held
-    if collected.unread is None:
-        collected.unread = held.hashes()
-    collected.unread.discard(hash(handle_id))
+    collected.named_read += handle_id in held
     return (
         handle_id in collected.wanted
         or tunnel_handle_node(handle_id) is not None
@@ -486,20 +483,28 @@ class EtcdV3Datastore:
         assert isinstance(answer, dict)
         return answer
 
-    def _range(self, start: str, end: str | None, revision: int | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": _b64(start), "limit": self._page_size}
+    def _range(
+        self, start: str, end: str | None, revision: int | None, limit: int = 0, keys_only: bool = False
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": _b64(start), "limit": limit or self._page_size, "keys_only": keys_only}
         if end is not None:
             body["range_end"] = _b64(end)
         if revision is not None:
             body["revision"] = revision
         return self._post("/kv/range", body)
 
-    def scan(self, prefix: str, revision: int | None = None) -> Iterator[tuple[list[dict[str, Any]], int]]:
-        """Pages of raw key-values under `prefix`, all at one revision (the first page's)."""
+    def scan(
+        self, prefix: str, revision: int | None = None, keys_only: bool = False
+    ) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """Pages of raw key-values under `prefix`, all at one revision (the first page's).
+
+        A page holds at most page_size keys and, after the first, about PAGE_BYTES of values:
+        etcd counts the rest of the range on every page, so pages are as large as memory allows
+        (endpoints), but blocks are larger values and fewer keys."""
         end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
-        start = prefix
+        start, limit = prefix, self._page_size
         while True:
-            response = self._range(start, end, revision)
+            response = self._range(start, end, revision, limit, keys_only)
             if revision is None:  # the header says the store's current revision, not the one asked for
                 revision = int(response["header"]["revision"])
             kvs = response.get("kvs", [])
@@ -507,6 +512,8 @@ class EtcdV3Datastore:
             if not (response.get("more") and kvs and end is not None):
                 return
             start = _unb64(kvs[-1]["key"]) + "\0"
+            size = sum(len(kv.get("value", "")) for kv in kvs)
+            limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
 
     def _items(self, revision: int, groups: Sequence[tuple[str, ...]]) -> Iterator[StoredItem]:
         """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the
@@ -577,8 +584,12 @@ class EtcdV3Datastore:
             names = None if kube_names is None else kube_names()
             if names is not None:
                 collected.live, collected.k8s_names = liveness(collected, names, self._config), names
-            for item in self._items(revision, BULK_GROUPS):
-                collect_key(collected, item)
+                for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
+                    collected.owned.pop(name, None)  # a live host's: never planned
+                    collected.affinities.pop(name, None)
+            for groups in (BLOCK_GROUPS, BULK_GROUPS):
+                for item in self._items(revision, groups):
+                    collect_key(collected, item)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
@@ -586,14 +597,15 @@ class EtcdV3Datastore:
 
     def _completed(self, inventory: Inventory, collected: Collected) -> Inventory:
         """A lean read (Collected.live) with what a plan may still need read again at its
-        revision: the handles of leaked IPs, and the blocks that a plan may edit or count in."""
+        revision: the blocks that may hold leaked IPs, the handles of those, and the blocks that
+        a plan may edit or count in."""
         assert collected.live is not None
-        live, scan = collected.live, scanning(collected)
-        unread = collected.unread if collected.unread is not None else scan.held.hashes()
+        live, scan, revision = collected.live, scanning(collected), inventory.revision
+        blocks = self._with_values(inventory.blocks, set(c for c, bits in scan.unheld.items() if bits), revision)
+        scan.attribute(blocks)
         leaked = {a.handle for found in scan.pod_ips.values() for a in found}
         handles = dict(inventory.handles)
-        wanted = sorted(h for h in leaked - set(handles) if hash(h) not in unread)
-        for item in self._at([HANDLES + handle_id for handle_id in wanted], inventory.revision).values():
+        for item in self._at([HANDLES + h for h in sorted(leaked - set(handles))], revision).values():
             handles[item.key[len(HANDLES) :]] = IpamHandle(item, item.key[len(HANDLES) :])
         # The blocks a plan may edit or count in: those its handles hold IPs in (a leaked IP's
         # included) or count (ipam._held_after), those an orphan has an affinity key for; and
@@ -607,13 +619,27 @@ class EtcdV3Datastore:
             counted = parse_handle(handle.item.value or "")
             if isinstance(counted, dict) and isinstance(counted.get("block"), dict):
                 needed.update(c for c in map(normal_cidr, counted["block"]) if c)
-        needed.update(scan.held.cidrs(unread))
-        summaries = [b for b in inventory.blocks if b.item.value is None and b.cidr in needed]
-        read = self._at([b.item.key for b in summaries], inventory.revision)
-        blocks = tuple(replace(b, item=read.get(b.item.key, b.item)) for b in inventory.blocks)
-        if unread:
-            scan.dangling = find_dangling((b for b in blocks if b.cidr in needed and b.item.value), unread)
+        missing: set[int] = set()
+        if collected.named_read < len(scan.held):  # some allocation names a handle that is not there
+            missing = scan.held.hashes() - {hash(key[len(HANDLES) :]) for key in self._keys(HANDLES, revision)}
+            needed.update(scan.held.cidrs(missing))
+        blocks = self._with_values(blocks, needed, revision)
+        if missing:
+            scan.dangling = find_dangling((b for b in blocks if b.cidr in needed), missing)
         return replace(inventory, blocks=blocks, handles=handles, scan=scan)
+
+    def _with_values(self, blocks: tuple[IpamBlock, ...], cidrs: Set[str], revision: int) -> tuple[IpamBlock, ...]:
+        """`blocks` with the values of those in `cidrs` that were kept as summaries read again."""
+        wanted = [b.item.key for b in blocks if b.item.value is None and b.cidr in cidrs]
+        if not wanted:
+            return blocks
+        read = self._at(wanted, revision)
+        return tuple(replace(b, item=read[b.item.key]) if b.item.key in read else b for b in blocks)
+
+    def _keys(self, prefix: str, revision: int) -> Iterator[str]:
+        """Every key under `prefix` at `revision`, without values."""
+        for kvs, _ in self.scan(prefix, revision, keys_only=True):
+            yield from (_unb64(kv["key"]) for kv in kvs)
 
     def _at(self, keys: Sequence[str], revision: int | None) -> dict[str, StoredItem]:
         """Exact keys at `revision` (None: now), in transactions of 128 reads; absent keys left out."""
