@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast lint demo run bench image lock clean
+.PHONY: help install test test-fast lint demo run bench bench-scale bench-churn image lock clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -16,6 +16,8 @@ help:
 	@echo "make lint   ruff, mypy, and checkov on the manifests and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
+	@echo "make bench-scale  the same at 15,000 hosts"
+	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
 	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -61,6 +63,12 @@ run: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.dry_run
+
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.dry_run --hosts 15000 --orphans 1500 --repeat 3
+
+bench-churn: $(STAMP)
+	$(BIN)/python -m bench.churn
 
 # requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
 lock: $(STAMP)

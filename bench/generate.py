@@ -2,7 +2,8 @@
 
 Per host: a Node (orchRefs, BGP address, IPIP tunnel IP), one affine /26 block holding its
 tunnel IP and its pods' IPs, the block affinity, one handle per allocation, the pods'
-workload endpoints, and Felix status keys (live hosts report, orphans do not).
+workload endpoints, and Felix status keys (live hosts report, orphans do not). Optionally each
+orphan has a pod whose IP is in a live host's block (as after churn), and live hosts have more pods.
 """
 
 from __future__ import annotations
@@ -24,11 +25,80 @@ def host_name(index: int) -> str:
     return f"ip-10-{index // 250}-{index % 250}-10.ec2.internal"
 
 
-def host_keys(index: int, pods: int, orphan: bool) -> Iterator[tuple[str, str]]:
-    name = host_name(index)
+def _block(index: int) -> tuple[str, str]:
+    """A host's /26 block, and the prefix of its addresses."""
     a, b = 64 + index // 256, index % 256
-    cidr = f"100.{a}.{b}.0/26"
-    tunnel = f"100.{a}.{b}.1"
+    return f"100.{a}.{b}.0/26", f"100.{a}.{b}."
+
+
+BORROWER = 999  # the pod number of an orphan's pod whose IP it borrowed from a live host's block
+BORROWED_ORDINAL = 63
+
+
+def _pod_handle(index: int, pod: int) -> str:
+    return f"k8s-pod-network.{index:06x}{pod:06x}cafe"
+
+
+def _pod_attribute(index: int, pod: int) -> dict[str, object]:
+    return {
+        "handle_id": _pod_handle(index, pod),
+        "secondary": {
+            "namespace": f"team-{pod % 7}",
+            "node": host_name(index),
+            "pod": f"app-{index}-{pod}",
+            "timestamp": "2026-01-01 00:00:00.000000000 +0000 UTC",
+        },
+    }
+
+
+def _pod_keys(index: int, pod: int, ip: str, cidr: str) -> Iterator[tuple[str, str]]:
+    """A pod's handle and workload endpoint (its allocation is in the block's value)."""
+    name, container = host_name(index), f"{index:06x}{pod:06x}cafe"
+    yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod)}", _dump({"block": {cidr: 1}, "deleted": False})
+    wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
+    yield (
+        f"{R}workloadendpoints/team-{pod % 7}/{wep}",
+        _dump(
+            {
+                "kind": "WorkloadEndpoint",
+                "apiVersion": "projectcalico.org/v3",
+                "metadata": {
+                    "name": wep,
+                    "namespace": f"team-{pod % 7}",
+                    "uid": f"{container}-uid",
+                    "creationTimestamp": "2026-01-01T00:00:00Z",
+                    "labels": {
+                        "app": f"app-{pod}",
+                        "projectcalico.org/namespace": f"team-{pod % 7}",
+                        "projectcalico.org/orchestrator": "k8s",
+                        "projectcalico.org/serviceaccount": "default",
+                    },
+                },
+                "spec": {
+                    "orchestrator": "k8s",
+                    "node": name,
+                    "containerID": container,
+                    "pod": f"app-{index}-{pod}",
+                    "endpoint": "eth0",
+                    "serviceAccountName": "default",
+                    "ipNetworks": [f"{ip}/32"],
+                    "profiles": [f"kns.team-{pod % 7}", "ksa.team.default"],
+                    "interfaceName": f"cali{container[:11]}",
+                    "mac": "ee:ee:ee:ee:ee:ee",
+                },
+            }
+        ),
+    )
+
+
+def host_keys(
+    index: int, pods: int, orphan: bool, lends_to: int | None = None, borrows_from: int | None = None
+) -> Iterator[tuple[str, str]]:
+    """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
+    `borrows_from`: the live host whose block holds this orphan's borrower pod's IP."""
+    name = host_name(index)
+    cidr, prefix = _block(index)
+    tunnel = f"{prefix}1"
     yield (
         f"{R}nodes/{name}",
         _dump(
@@ -48,62 +118,23 @@ def host_keys(index: int, pods: int, orphan: bool) -> Iterator[tuple[str, str]]:
             }
         ),
     )
-    attributes = [{"handle_id": f"ipip-tunnel-addr-{name}", "secondary": {"node": name, "type": "ipipTunnelAddress"}}]
+    attributes: list[dict[str, object]] = [
+        {"handle_id": f"ipip-tunnel-addr-{name}", "secondary": {"node": name, "type": "ipipTunnelAddress"}}
+    ]
     allocations: list[int | None] = [None] * 64
     allocations[1] = 0
     yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
     for pod in range(pods):
         ordinal = pod + 2
-        ip = f"100.{a}.{b}.{ordinal}"
-        container = f"{index:06x}{pod:06x}cafe"
-        handle = f"k8s-pod-network.{container}"
-        attributes.append(
-            {
-                "handle_id": handle,
-                "secondary": {
-                    "namespace": f"team-{pod % 7}",
-                    "node": name,
-                    "pod": f"app-{index}-{pod}",
-                    "timestamp": "2026-01-01 00:00:00.000000000 +0000 UTC",
-                },
-            }
-        )
+        attributes.append(_pod_attribute(index, pod))
         allocations[ordinal] = len(attributes) - 1
-        yield f"/calico/ipam/v2/handle/{handle}", _dump({"block": {cidr: 1}, "deleted": False})
-        wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
-        yield (
-            f"{R}workloadendpoints/team-{pod % 7}/{wep}",
-            _dump(
-                {
-                    "kind": "WorkloadEndpoint",
-                    "apiVersion": "projectcalico.org/v3",
-                    "metadata": {
-                        "name": wep,
-                        "namespace": f"team-{pod % 7}",
-                        "uid": f"{container}-uid",
-                        "creationTimestamp": "2026-01-01T00:00:00Z",
-                        "labels": {
-                            "app": f"app-{pod}",
-                            "projectcalico.org/namespace": f"team-{pod % 7}",
-                            "projectcalico.org/orchestrator": "k8s",
-                            "projectcalico.org/serviceaccount": "default",
-                        },
-                    },
-                    "spec": {
-                        "orchestrator": "k8s",
-                        "node": name,
-                        "containerID": container,
-                        "pod": f"app-{index}-{pod}",
-                        "endpoint": "eth0",
-                        "serviceAccountName": "default",
-                        "ipNetworks": [f"{ip}/32"],
-                        "profiles": [f"kns.team-{pod % 7}", "ksa.team.default"],
-                        "interfaceName": f"cali{container[:11]}",
-                        "mac": "ee:ee:ee:ee:ee:ee",
-                    },
-                }
-            ),
-        )
+        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr)
+    if lends_to is not None:
+        attributes.append(_pod_attribute(lends_to, BORROWER))
+        allocations[BORROWED_ORDINAL] = len(attributes) - 1
+    if borrows_from is not None:
+        lender_cidr, lender_prefix = _block(borrows_from)
+        yield from _pod_keys(index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr)
     used = {o for o, v in enumerate(allocations) if v is not None}
     yield (
         f"/calico/ipam/v2/assignment/ipv4/block/{cidr.replace('/', '-')}",
@@ -131,8 +162,14 @@ def host_keys(index: int, pods: int, orphan: bool) -> Iterator[tuple[str, str]]:
         yield f"/calico/felix/v2/no-region/host/{name}/status", status
 
 
-def datastore(hosts: int, orphans: int, pods_per_host: int) -> Iterator[tuple[str, str]]:
-    """Every key; the last `orphans` hosts are the ones whose Kubernetes Node is gone."""
+def datastore(
+    hosts: int, orphans: int, pods_per_host: int, borrow: bool = False, extra_endpoints: int = 0
+) -> Iterator[tuple[str, str]]:
+    """Every key; the last `orphans` hosts are the ones whose Kubernetes Node is gone. `borrow`:
+    each orphan has one more pod, whose IP it borrowed from a live host's block (at most one per
+    live host). `extra_endpoints`: that many more pods, spread over the live hosts."""
+    live = hosts - orphans
+    assert not borrow or orphans <= live, "each orphan borrows from its own live host"
     yield (
         f"{R}clusterinformations/default",
         _dump(
@@ -145,7 +182,14 @@ def datastore(hosts: int, orphans: int, pods_per_host: int) -> Iterator[tuple[st
         ),
     )
     for index in range(hosts):
-        yield from host_keys(index, pods_per_host, orphan=index >= hosts - orphans)
+        orphan = index >= live
+        pods = pods_per_host
+        if not orphan and extra_endpoints:
+            pods += extra_endpoints // live + (index < extra_endpoints % live)
+        assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
+        lends_to = live + index if borrow and index < orphans else None
+        borrows_from = index - live if borrow and orphan else None
+        yield from host_keys(index, pods, orphan, lends_to, borrows_from)
 
 
 def load(url: str, keys: Iterator[tuple[str, str]]) -> int:
