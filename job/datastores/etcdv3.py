@@ -12,6 +12,7 @@ import gc
 import ipaddress
 import json
 import queue
+import socket
 import sys
 import threading
 from collections import defaultdict
@@ -23,7 +24,14 @@ from job.audit import BlockScan, find_dangling
 from job.config import Config
 from job.datastores.base import DatastoreError, DatastoreMismatch
 from job.datastores.etcd_http import EtcdHttp
-from job.ipam import block_shape_problem, normal_cidr, parse_handle, summarize_block, tunnel_handle_node
+from job.ipam import (
+    TUNNEL_HANDLE_PREFIXES,
+    block_shape_problem,
+    normal_cidr,
+    parse_handle,
+    summarize_block,
+    tunnel_handle_node,
+)
 from job.model import (
     BlockAffinity,
     CalicoHost,
@@ -137,6 +145,12 @@ def bare_ip(text: Any) -> str | None:
     """`10.0.1.23/19` or `10.0.1.23` as `10.0.1.23`; None for anything else."""
     if not isinstance(text, str) or not text:
         return None
+    address, slash, length = text.partition("/")
+    if "." in address and ":" not in address and (not slash or (length.isdigit() and int(length) <= 32)):
+        try:  # IPv4, as nearly all are: without building ipaddress objects (thousands of Nodes)
+            return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, address))
+        except OSError:
+            return None
     try:
         return str(ipaddress.ip_interface(text).ip)
     except ValueError:
@@ -193,6 +207,7 @@ class Collected:
     scan: BlockScan | None = None
     wanted: set[str] = field(default_factory=set)  # handles of allocations no live host owns
     named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
+    identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (liveness)
 
     def problem(self, kind: str, key: str, message: str) -> None:
         self.problems.append(DataProblem(kind, key, message))
@@ -337,7 +352,7 @@ def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
     collected.named_read += handle_id in held
     return (
         handle_id in collected.wanted
-        or tunnel_handle_node(handle_id) is not None
+        or handle_id.startswith(TUNNEL_HANDLE_PREFIXES)
         or not held.exact(handle_id, value)
     )
 
@@ -370,22 +385,34 @@ def _filed(name: str, node: StoredItem | None, collected: Collected) -> CalicoHo
     )
 
 
-def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
-    host = _filed(name, node, collected)
+def _identity(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
+    """A registered host as its Calico Node says: its Kubernetes link and addresses, or why its
+    value could not be read; without the data filed under it (_filed)."""
     value = collected.json(node)
     spec = _dig(value, "spec")
     if not isinstance(spec, dict):
         if value is not None:
             collected.problem("malformed_value", node.key, "Calico Node without a spec")
-        return replace(host, problem="its Calico Node value could not be parsed")
-    k8s_node = k8s_node_name(collected, node.key, spec.get("orchRefs"))
-    tunnels = tuple(ip for ip in (bare_ip(_dig(spec, *path)) for path in TUNNEL_FIELDS) if ip)
-    return replace(
-        host,
-        k8s_node=k8s_node,
+        return CalicoHost(name, node, None, problem="its Calico Node value could not be parsed")
+    return CalicoHost(
+        name,
+        node,
+        k8s_node_name(collected, node.key, spec.get("orchRefs")),
         ipv4=bare_ip(_dig(spec, "bgp", "ipv4Address")),
         ipv6=bare_ip(_dig(spec, "bgp", "ipv6Address")),
-        tunnel_ips=tunnels,
+        tunnel_ips=tuple(ip for ip in (bare_ip(_dig(spec, *path)) for path in TUNNEL_FIELDS) if ip),
+    )
+
+
+def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
+    identity = collected.identities.pop(name, None) or _identity(name, node, collected)
+    filed = _filed(name, node, collected)
+    return replace(
+        identity,
+        workload_endpoints=filed.workload_endpoints,
+        affinities=filed.affinities,
+        owned=filed.owned,
+        felix_alive=filed.felix_alive,
     )
 
 
@@ -413,9 +440,9 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
 def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Callable[[str], bool]:
     """Whether a Calico name is a live host (plan.is_live), once every Calico Node is read."""
     known: dict[str, bool] = {}
-    scratch = Collected()  # the Node values are parsed again, problems and all, when hosts are built
     for name, node in collected.nodes.items():
-        known[name] = is_live(_host(name, node, scratch), k8s_names, config)
+        identity = collected.identities[name] = _identity(name, node, collected)  # kept for _host
+        known[name] = is_live(identity, k8s_names, config)
 
     def live(name: str) -> bool:
         found = known.get(name)
