@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
 
 import pytest
 
-from job.datastores.etcdv3 import _top_level_spec, build_inventory
-from job.ipam import block_shape_problem, handle_problem, is_empty, lowered_handle, release, without_affinity
+from job.datastores.etcdv3 import _top_level_spec, bare_ip, build_inventory
+from job.ipam import (
+    Held,
+    block_shape_problem,
+    handle_problem,
+    is_empty,
+    lowered_handle,
+    release,
+    summarize_block,
+    without_affinity,
+)
 from job.model import StoredItem
 from job.plan import build_index, host_steps
 from tests.support.calico import CalicoSeed
@@ -267,3 +277,49 @@ def test_allocate_is_the_inverse_of_release_and_adds_no_field_calico_2_lacks() -
     calico2 = {k: v for k, v in block.items() if not k.startswith("sequence")}
     back2 = allocate(release(calico2, {1})[0], {1: {"handle_id": "h2"}})
     assert set(back2) == set(calico2)
+
+
+def test_block_owners_read_as_the_plain_mapping_they_replace() -> None:
+    """ipam.Owners keeps the affine host's ordinals as bits: it must read as {ordinal: node}, in
+    ordinal order, with the others (another node, or none) where they are."""
+    seed = CalicoSeed()
+    seed.block("100.96.9.0/26", "mine")
+    seed.allocate("100.96.9.9", "h9", "mine")
+    seed.allocate("100.96.9.2", "h2", "other")
+    seed.allocate("100.96.9.1", "ipip-tunnel-addr-mine", "")
+    seed.allocate("100.96.9.40", "h40", "mine")
+    block = json.loads(next(v for k, v in seed.keys.items() if "/assignment/" in k))
+    block["attributes"][block["allocations"][2]]["secondary"] = {}  # names no node
+    host, owners = summarize_block(block)
+    assert host == "mine" and dict(owners) == {1: "mine", 2: None, 9: "mine", 40: "mine"}
+    assert list(owners) == [1, 2, 9, 40] and len(owners) == 4 and owners == {1: "mine", 2: None, 9: "mine", 40: "mine"}
+    assert 3 not in owners and owners.get(2, "x") is None
+    with pytest.raises(KeyError):
+        owners[-1]
+
+
+def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> None:
+    held = Held()
+    for handle, cidr in (("a", "10.0.0.0/26"), ("b", "10.0.0.0/26"), ("b", "10.0.0.0/26"), ("c", "10.0.0.0/26")):
+        held.add(handle, cidr)
+    held.add("c", "fd00::/122")
+    assert held.counts("a") == {"10.0.0.0/26": 1} and held.counts("b") == {"10.0.0.0/26": 2}
+    assert held.counts("c") == {"10.0.0.0/26": 1, "fd00::/122": 1} and held.counts("z") == {} and len(held) == 3
+    assert held.exact("a", '{"block":{"10.0.0.0/26":1},"deleted":false}')
+    assert held.exact("b", '{"block":{"10.0.0.0/26":2},"deleted":false}')
+    assert not held.exact("b", '{"block":{"10.0.0.0/26":1},"deleted":false}')
+    assert not held.exact("c", '{"block":{"10.0.0.0/26":1},"deleted":false}') and not held.exact("z", "{}")
+    assert "a" in held and "z" not in held and held.cidrs({hash("c")}) == {"10.0.0.0/26", "fd00::/122"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["10.0.1.23/19", "10.0.1.23", "010.0.0.1", "1.2.3.4/33", "1.2.3", "1.2.3.4/", "256.1.1.1", "1.2.3.4/-1",
+     " 1.2.3.4", "1.2.3.4/00032", "fd00::1/64", "::ffff:1.2.3.4", "", "x"],
+)  # fmt: skip
+def test_a_node_address_is_read_as_ipaddress_reads_it(text: str) -> None:
+    try:
+        expected: str | None = str(ipaddress.ip_interface(text).ip)
+    except ValueError:
+        expected = None
+    assert bare_ip(text) == expected
