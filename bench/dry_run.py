@@ -80,19 +80,18 @@ def run_job(
 ) -> tuple[float, float, int, dict[str, object]]:
     """Wall seconds, peak RSS in MB, exit code and the report of one `python -m job` process;
     its log goes to `log` when given."""
-    report_file = Path(env["BENCH_DIR"]) / "report.json"
+    report_file, peak_file = Path(env["BENCH_DIR"]) / "report.json", Path(env["BENCH_DIR"]) / "peak"
     started = time.perf_counter()
     with open(log or os.devnull, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "job", *args, "--report-file", str(report_file)],
+        code = subprocess.run(
+            [sys.executable, "-m", "bench.peak", str(peak_file), *args, "--report-file", str(report_file)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
-        )
-        _, status, usage = os.wait4(process.pid, 0)
+            check=False,
+        ).returncode
     seconds = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return seconds, usage.ru_maxrss / 1024, process.returncode, json.loads(report_file.read_text())
+    return seconds, float(peak_file.read_text()), code, json.loads(report_file.read_text())
 
 
 def main() -> int:
