@@ -597,9 +597,9 @@ class EtcdV3Datastore:
         return inventory
 
     def _read(self, kube_names: Callable[[], Set[str]] | None) -> Inventory:
-        """The hosts first, then, knowing which are live (when told the Kubernetes Node names),
-        the endpoints, blocks and handles, keeping of live hosts only what the block scan needs
-        (Collected.live): memory then follows hosts and orphans, not keys."""
+        """The hosts first; then the blocks; then the endpoints beside the handles. Told the
+        Kubernetes Node names, it keeps of live hosts only what the block scan needs
+        (Collected.live, docs/design.md): memory then follows hosts and orphans, not keys."""
         # One revision for every prefix: a consistent snapshot of the whole datastore.
         revision = int(self._range(CLUSTER_INFORMATION, None, None)["header"]["revision"])
         collected = Collected()
