@@ -7,13 +7,12 @@ read). The last two are reported, never acted on: docs/calico-data.md says why."
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections import Counter, defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from job.ipam import Held, StaleHandle, address_in, affinity_host, block_data
+from job.ipam import Held, Networks, StaleHandle, address_in, affinity_host, block_data
 from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan, pod_attribution
 from job.model import HandleRepair, Inventory, IpamBlock
 from job.plan import HANDLE_REPAIRED
@@ -54,19 +53,20 @@ class BlockScan:
     calico2: bool = False
     held: Held = field(default_factory=Held)
     allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
-    per_node: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    node_blocks: Counter[str] = field(default_factory=Counter)  # node -> blocks affine to it
+    node_allocated: Counter[str] = field(default_factory=Counter)  # node -> allocations ("": none named)
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
     unheld: dict[str, int] = field(default_factory=dict)  # cidr -> bits of the ordinals above
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
-    _networks: dict[tuple[int, int], dict[int, str]] | None = None  # (version, length) -> base -> cidr
+    _networks: Networks | None = None  # of the blocks with bits in `unheld`
 
     def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> None:
         """One block's JSON. `dangling` is filled only when `handles` is given; a read that scans
         blocks before it reads the handles calls find_dangling once it has."""
-        per_node = self.per_node
+        per_node = self.node_allocated
         host = affinity_host(data)
         if host:
-            per_node[host]["blocks"] += 1
+            self.node_blocks[host] += 1
         attributes = data.get("attributes") or []
         ip_of = address_in(cidr)
         count = bits = 0
@@ -77,7 +77,7 @@ class BlockScan:
             attribute = attributes[index]
             handle = attribute.get("handle_id")
             secondary = attribute.get("secondary") or {}
-            per_node[secondary.get("node") or host or ""]["allocated"] += 1
+            per_node[secondary.get("node") or host or ""] += 1
             if not handle or not isinstance(handle, str):
                 continue
             self.held.add(handle, cidr)
@@ -92,12 +92,11 @@ class BlockScan:
     def held_by_endpoints(self, ips: Iterable[str]) -> None:
         """Clear the ordinals at these workload endpoint IPs; every block must be added first."""
         if self._networks is None:
-            self._networks = defaultdict(dict)
+            self._networks = Networks()
             for cidr in self.unheld:
-                network = ipaddress.ip_network(cidr)
-                self._networks[(network.version, network.prefixlen)][int(network.network_address)] = cidr
+                self._networks.add(cidr)
         for ip in ips:
-            located = _locate(ip, self._networks)
+            located = self._networks.locate(ip)
             if located is not None:
                 cidr, ordinal = located
                 self.unheld[cidr] &= ~(1 << ordinal)
@@ -120,23 +119,6 @@ class BlockScan:
                         node, namespace, pod = names
                         allocation = Allocation(ip_of(ordinal), block.cidr, ordinal, handle, node, namespace, pod)
                         self.pod_ips[(namespace, pod)].append(allocation)
-
-
-def _locate(ip: str, networks: Mapping[tuple[int, int], Mapping[int, str]]) -> tuple[str, int] | None:
-    """The block (of those indexed) an IP is in, and its ordinal there; None when in none."""
-    try:
-        packed = socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
-    except OSError:
-        return None
-    version, address = (6 if len(packed) == 16 else 4), int.from_bytes(packed, "big")
-    width = 128 if version == 6 else 32
-    for (family, length), bases in networks.items():
-        if family == version:
-            base = address >> (width - length) << (width - length)
-            cidr = bases.get(base)
-            if cidr is not None:
-                return cidr, address - base
-    return None
 
 
 def scan_blocks(
@@ -183,7 +165,7 @@ def ipam_audit(
     `leaked`: pod IPs no pod holds (None: pods not listed), and `leak_plan` what this run does
     about them."""
     actions = {repair.handle_id: repair.action for repair in repairs}
-    held, allocated, per_node, dangling = scan.held, scan.allocated, scan.per_node, scan.dangling
+    held, allocated, dangling = scan.held, scan.allocated, scan.dangling
     empty = [h for h in inventory.handles if h not in held]  # Calico deletes a handle once it holds none
     stale_found = [
         {
@@ -208,15 +190,17 @@ def ipam_audit(
             }
         )
     ipam_only = [h.name for h in inventory.hosts if not h.registered and h.name not in live_nodes]
-    named = [(n, c) for n, c in per_node.items() if n]  # "": allocations no node is named for
-    busiest = sorted(named, key=lambda item: (-item[1]["allocated"], item[0]))[:SAMPLE]
+    named = sorted({*scan.node_blocks, *scan.node_allocated} - {""})  # "": allocations naming no node
+    busiest = sorted(named, key=lambda n: (-scan.node_allocated[n], n))[:SAMPLE]
     return {
         "blocks": len(inventory.blocks),
         "allocated": sum(allocated.values()),
         "pools": pools,
         "nodes": {
             "count": len(named),
-            "busiest": [{"node": n, "blocks": c["blocks"], "allocated": c["allocated"]} for n, c in busiest],
+            "busiest": [
+                {"node": n, "blocks": scan.node_blocks[n], "allocated": scan.node_allocated[n]} for n in busiest
+            ],
         },
         "ipam_only_hosts": _found(ipam_only),
         "stale_handles": {**_found(stale_found, key=lambda s: s["handle"]), "repaired": 0},

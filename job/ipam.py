@@ -285,17 +285,46 @@ def lowered_handle(handle: Mapping[str, Any], held: Mapping[str, int | None]) ->
     return {**handle, "block": per_block}
 
 
+class Networks:
+    """Block CIDRs by network, to find the block an address is in without an ipaddress object
+    per block (a run may index 15,000)."""
+
+    __slots__ = ("_bases",)
+
+    def __init__(self) -> None:
+        self._bases: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)  # (version, length) -> base
+
+    def add(self, cidr: str) -> None:
+        network = ipaddress.ip_network(cidr)
+        self._bases[(network.version, network.prefixlen)][int(network.network_address)] = cidr
+
+    def locate(self, ip: str) -> tuple[str, int] | None:
+        """The block `ip` is in and its ordinal there; None when in none (or not an address)."""
+        try:
+            packed = socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+        except (OSError, ValueError):
+            return None
+        address = int.from_bytes(packed, "big")
+        version, width = (6, 128) if len(packed) == 16 else (4, 32)
+        for (family, length), bases in self._bases.items():
+            if family == version:
+                base = address >> (width - length) << (width - length)
+                cidr = bases.get(base)
+                if cidr is not None:
+                    return cidr, address - base
+        return None
+
+
 @dataclass
 class IpamIndex:
     """Blocks indexed once per run so that planning a host never scans every block."""
 
     blocks: dict[str, IpamBlock] = field(default_factory=dict)
     handles: Mapping[str, IpamHandle] = field(default_factory=dict)
-    owned: dict[str, dict[str, set[int]]] = field(default_factory=lambda: defaultdict(dict))
+    owned: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # node -> blocks
     affine: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     malformed_networks: list[IpNetwork] = field(default_factory=list)
-    _by_network: dict[IpNetwork, str] = field(default_factory=dict)
-    _prefix_lengths: set[tuple[int, int]] = field(default_factory=set)
+    networks: Networks = field(default_factory=Networks)
 
     @classmethod
     def build(
@@ -315,30 +344,23 @@ class IpamIndex:
         return index
 
     def _add(self, block: IpamBlock) -> None:
-        network = ipaddress.ip_network(block.cidr)
         self.blocks[block.cidr] = block
-        self._by_network[network] = block.cidr
-        self._prefix_lengths.add((network.version, network.prefixlen))
+        self.networks.add(block.cidr)
         if block.affine_host is not None:
             self.affine[block.affine_host].append(block.cidr)
-        for ordinal, owner in block.owners.items():
-            if owner is not None:
-                self.owned[owner].setdefault(block.cidr, set()).add(ordinal)
+        for owner in {owner for owner in block.owners.values() if owner is not None}:
+            self.owned[owner].append(block.cidr)
+
+    def owned_by(self, node: str) -> dict[str, set[int]]:
+        """The ordinals allocated to `node`, by block."""
+        return {
+            cidr: {o for o, owner in self.blocks[cidr].owners.items() if owner == node}
+            for cidr in self.owned.get(node, ())
+        }
 
     def locate(self, ip: str) -> tuple[str, int] | None:
         """The block holding `ip` and its ordinal there, if any block does."""
-        try:
-            address = ipaddress.ip_address(ip)
-        except ValueError:
-            return None
-        for version, prefixlen in self._prefix_lengths:
-            if version != address.version:
-                continue
-            network = ipaddress.ip_network(f"{address}/{prefixlen}", strict=False)
-            cidr = self._by_network.get(network)
-            if cidr is not None:
-                return cidr, int(address) - int(network.network_address)
-        return None
+        return self.networks.locate(ip)
 
     def in_malformed_block(self, ip: str) -> bool:
         try:
@@ -365,7 +387,7 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> dict[str, set[int]]:
     An IP found only through a stale endpoint is freed only when its allocation names no
     other node: it may have been handed to a live pod since.
     """
-    targets = {cidr: set(ordinals) for cidr, ordinals in index.owned.get(host.name, {}).items()}
+    targets = index.owned_by(host.name)
     known_ips = [ip for endpoint in host.workload_endpoints for ip in endpoint.ips]
     for ip in (*known_ips, *host.tunnel_ips):
         located = index.locate(ip)

@@ -345,16 +345,17 @@ def scanning(collected: Collected) -> BlockScan:
 
 
 def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
-    """Whether a plan may write this handle, so that the read keeps it: it is a tunnel handle,
-    counts other than what the blocks hold (stale, or holding nothing), or counts an allocation
-    that no live host owns. Every block has been read by now (BLOCK_GROUPS come first)."""
+    """Whether a plan may write this handle, so that the read keeps it: it counts other than
+    what the blocks hold (stale, or holding nothing), or counts an allocation that no live host
+    owns, or is the tunnel handle of a host that is not live. Every block has been read by now
+    (BLOCK_GROUPS come first)."""
+    assert collected.live is not None
     held = scanning(collected).held
     collected.named_read += handle_id in held
-    return (
-        handle_id in collected.wanted
-        or handle_id.startswith(TUNNEL_HANDLE_PREFIXES)
-        or not held.exact(handle_id, value)
-    )
+    if not held.exact(handle_id, value):
+        return True
+    node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
+    return handle_id in collected.wanted or (node is not None and not collected.live(node))
 
 
 def _collect_affinity(collected: Collected, item: StoredItem) -> None:
@@ -441,8 +442,12 @@ def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Calla
     """Whether a Calico name is a live host (plan.is_live), once every Calico Node is read."""
     known: dict[str, bool] = {}
     for name, node in collected.nodes.items():
-        identity = collected.identities[name] = _identity(name, node, collected)  # kept for _host
+        identity = _identity(name, node, collected)
         known[name] = is_live(identity, k8s_names, config)
+        if known[name]:  # a live host's Node is never written: its value is not kept
+            collected.nodes[name] = replace(node, value=None)
+            identity = replace(identity, node=collected.nodes[name])
+        collected.identities[name] = identity  # for _host, which would parse the value again
 
     def live(name: str) -> bool:
         found = known.get(name)
