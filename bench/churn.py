@@ -15,22 +15,17 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import requests
 
-from bench.dry_run import run_job, spread
-from bench.generate import _block, datastore, host_name, load
-from tests.support.etcd_server import EtcdServer
-from tests.support.kubeapi import KubeApiServer
+from bench.dry_run import cluster, run_job, spread
+from bench.generate import _block, datastore, load
 
 BLOCKS = "/calico/ipam/v2/assignment/ipv4/block/"
 HANDLES = "/calico/ipam/v2/handle/"
@@ -165,24 +160,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="load operations per second")
     parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="calico-gc-churn-"))
-    (workdir / "etcd").mkdir()
-    etcd, kubeapi = EtcdServer(workdir / "etcd"), KubeApiServer()
-    try:
-        etcd.start()
-        kubeapi.start()
-        live = options.hosts - options.orphans
-        for index in range(live):
-            kubeapi.add_node(host_name(index), f"10.{index // 250}.{index % 250}.10")
+    live = options.hosts - options.orphans
+    with cluster("calico-gc-churn-", live) as (etcd, workdir, env):
         # Half the load on the blocks the orphans borrowed from, half on other live blocks.
         lenders = [BLOCKS + _block(i)[0].replace("/", "-") for i in range(options.orphans)]
         others = [BLOCKS + _block(i)[0].replace("/", "-") for i in range(options.orphans, live)]
-        env = {
-            **os.environ,
-            "ETCD_ENDPOINTS": etcd.url,
-            "BENCH_DIR": str(workdir),
-            "KUBECONFIG": str(kubeapi.write_kubeconfig(workdir / "kubeconfig")),
-        }
         args = ["--apply", "--lock", "none", "--grace-period", "0s", "--keep-reports", "0"]
         args += ["--state-file", str(workdir / "state.json"), "--max-deletions", str(options.orphans)]
         args += ["--log-format", "json"]
@@ -220,9 +202,6 @@ def main() -> int:
         print(f"the same under {options.rate:.0f} CNI operations/s: {spread(churn)}  ratio {ratio:.2f} (goal <= 2.0)")
         print(f"write conflicts per run (one re-read and re-plan each): {conflicts}")
         return 0
-    finally:
-        kubeapi.stop()
-        etcd.close()
 
 
 if __name__ == "__main__":

