@@ -56,18 +56,29 @@ def _log_step(host: str, step: Step) -> None:
         )
 
 
-def fill_before(decisions: Sequence[HostDecision], datastore: Datastore, revision: int) -> tuple[HostDecision, ...]:
-    """Fetch, in bulk, the before-values the read did not keep, for the report."""
-    missing = [w.key for d in decisions for step in d.steps for w in step.writes if w.before is None]
+def before_values(datastore: Datastore, wanted: Sequence[tuple[str, int]]) -> dict[str, str]:
+    """The values of keys still at the revision a plan saw them at: what a write there removes.
+    A key written since is left out; its write cannot commit (it is conditional on that revision),
+    so its value is never a before-value. Asking for the current value, not the value at the read's
+    revision, keeps this working when etcd compacts during a long run."""
+    seen = dict(wanted)
+    now = datastore.current(sorted(seen))
+    return {key: item.value for key, item in now.items() if item.revision == seen[key] and item.value is not None}
+
+
+def with_befores(decision: HostDecision, datastore: Datastore) -> HostDecision:
+    """A host's writes with the before-values the read did not keep, fetched just before they
+    are committed: the report and a restore need them, and only one host's are fetched at a time."""
+    missing = [(w.key, w.revision) for step in decision.steps for w in step.writes if w.before is None]
     if not missing:
-        return tuple(decisions)
-    values = datastore.values_at(missing, revision)
+        return decision
+    values = before_values(datastore, missing)
 
     def filled(step: Step) -> Step:
         writes = tuple(replace(w, before=values.get(w.key)) if w.before is None else w for w in step.writes)
         return replace(step, writes=writes)
 
-    return tuple(replace(d, steps=tuple(filled(step) for step in d.steps)) for d in decisions)
+    return replace(decision, steps=tuple(filled(step) for step in decision.steps))
 
 
 def apply_host(
@@ -99,6 +110,7 @@ def apply_host(
     for _ in range(MAX_REPLANS):
         assert current is not None
         try:
+            current = with_befores(current, datastore)
             for step in current.steps:
                 try:
                     applied = datastore.commit(step)
@@ -116,8 +128,6 @@ def apply_host(
             now = datastore.current(sorted(key for key in keys if not key.endswith("/")))
             inventory = refreshed(inventory, now, keys)
             current = replan_host(inventory, current)
-            if current is not None:
-                (current,) = fill_before((current,), datastore, inventory.revision)
         except DatastoreError as error:
             return outcome(Action.FAILED, "datastore_error", str(error))
         if current is None:

@@ -29,7 +29,7 @@ from job.lease import LeaseLock
 from job.restore import render_text as render_restore
 from job.restore import restore
 from job.retry import RetryPolicy
-from job.runner import Dependencies, ExitCode, keep, run
+from job.runner import Dependencies, ExitCode, keep, report_befores, run
 from job.state import ConfigMapStateStore, FileStateStore, StateStore
 
 
@@ -119,24 +119,25 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except KubeError as error:
         print(f"calico-gc: error: {error}", file=sys.stderr)
         return ExitCode.USAGE
+    befores = None if config.command.name == "restore" else report_befores(deps.datastore)
     try:
         with stop_on_signals(deps.stopping):
             if config.command.name == "restore":
                 document, code, render = _restore(config, deps)
             else:
                 (document, code), render = run(config, deps), report.render_text
+        try:
+            if config.report_file is not None:
+                report.write_file(document, config.report_file, befores)
+        except OSError as error:
+            print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)
+            code = max(code, ExitCode.ERROR)
+        if config.output == "json":
+            report.write(document, sys.stdout, befores)
+        else:
+            sys.stdout.write(render(document))
     finally:
         deps.datastore.close()
-    try:
-        if config.report_file is not None:
-            report.write_file(document, config.report_file)
-    except OSError as error:
-        print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)
-        code = max(code, ExitCode.ERROR)
-    if config.output == "json":
-        report.write(document, sys.stdout)
-    else:
-        sys.stdout.write(render(document))
     return code
 
 

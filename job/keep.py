@@ -22,6 +22,7 @@ from typing import Any
 from job.config import MAX_KEPT_REPORTS
 from job.kube import Kube, KubeError
 from job.model import parse_time
+from job.report import chunks as report_chunks
 
 PREFIX = "calico-gc-report"
 MAX_SLOTS = MAX_KEPT_REPORTS
@@ -63,6 +64,23 @@ def _annotations(metadata: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def _packed(report: Mapping[str, Any]) -> bytes:
+    """The report as gzip, compressed as it is encoded: neither the whole JSON text nor more
+    than the slot can hold is ever in memory."""
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # a gzip stream
+    packed = bytearray()
+    for chunk in report_chunks(report, indent=None):
+        packed += compressor.compress(chunk.encode())
+        if len(packed) > MAX_PARTS * PART_BYTES:
+            raise KeepError(
+                f"the report is more than {MAX_PARTS * PART_BYTES / 2**20:.1f} MiB compressed, more than the "
+                f"{MAX_PARTS} ConfigMaps a kept report may fill; it is only in the job's output (--report-file, "
+                "logs): lower --max-deletions"
+            )
+    packed += compressor.flush()
+    return bytes(packed)
+
+
 class ReportKeeper:
     def __init__(self, kube: Kube, namespace: str, slots: int) -> None:
         self.kube, self.namespace, self.slots = kube, namespace, slots
@@ -78,13 +96,8 @@ class ReportKeeper:
 
     def keep(self, report: Mapping[str, Any]) -> str:
         """Store `report` in the free or oldest slot; the ConfigMap that names it."""
-        packed = gzip.compress(json.dumps(report, separators=(",", ":")).encode(), compresslevel=6)
+        packed = _packed(report)
         parts = [packed[start : start + PART_BYTES] for start in range(0, len(packed), PART_BYTES)] or [b""]
-        if len(parts) > MAX_PARTS:
-            raise KeepError(
-                f"the report is {len(packed) / 2**20:.1f} MiB compressed, more than the {MAX_PARTS} ConfigMaps "
-                "a kept report may fill; it is only in the job's output (--report-file, logs): lower --max-deletions"
-            )
         heads = self._heads()
         slot = min(heads, key=lambda s: (heads[s] is not None, self._started(heads[s]), s))
         summary = report.get("summary") or {}

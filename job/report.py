@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +18,10 @@ from job.model import Action, DataProblem, HostDecision, Plan
 
 SCHEMA_VERSION = "calico-gc/report/v1"
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
+HOSTS_PER_FETCH = 100  # hosts whose missing before-values are fetched together as the report is written
+
+# Given (key, revision) pairs, the values those keys held at those revisions, where still known.
+Befores = Callable[[Sequence[tuple[str, int]]], Mapping[str, str]]
 
 
 def timestamp(moment: datetime | None) -> str | None:
@@ -133,20 +137,61 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
     }
 
 
-def write(report: dict[str, Any], out: TextIO) -> None:
-    """The JSON report to a stream. Streamed, never held as one string: a report of hundreds of
-    deleted hosts carries every value they had and runs to tens of megabytes."""
-    json.dump(report, out, indent=2)
+def chunks(report: Mapping[str, Any], befores: Befores | None = None, indent: int | None = 2) -> Iterator[str]:
+    """The report as JSON text, piece by piece; the same text `json.dumps` gives. Its hosts are
+    encoded a batch at a time, and a dry run's before-values (which the run does not hold: at
+    1,500 planned hosts they are ~30 MB) are fetched with `befores` for that batch only."""
+    encode = json.JSONEncoder(indent=indent, separators=(",", ": ") if indent else (",", ":")).encode
+    inner = "\n" + " " * indent if indent else ""
+    deeper = inner + inner[1:]
+    colon = ": " if indent else ":"
+    if not report:
+        yield "{}"
+        return
+    yield "{"
+    for number, (key, value) in enumerate(report.items()):
+        yield ("," if number else "") + inner + json.dumps(key) + colon
+        if key == "hosts" and value:
+            yield "["
+            for index, host in enumerate(_with_befores(value, befores)):
+                yield ("," if index else "") + deeper + encode(host).replace("\n", deeper)
+            yield inner + "]"
+        else:
+            yield encode(value).replace("\n", inner)
+    yield inner[:1] + "}"
+
+
+def _with_befores(hosts: Sequence[Mapping[str, Any]], befores: Befores | None) -> Iterator[Mapping[str, Any]]:
+    if befores is None:
+        yield from hosts
+        return
+    for start in range(0, len(hosts), HOSTS_PER_FETCH):
+        batch = hosts[start : start + HOSTS_PER_FETCH]
+        wanted = [(c["key"], c["revision"]) for h in batch for c in h["changes"] if c["before"] is None]
+        values = befores(wanted) if wanted else {}
+        for host in batch:
+            if not values:
+                yield host
+                continue
+            changes = [{**c, "before": values.get(c["key"], c["before"])} for c in host["changes"]]
+            yield {**host, "changes": changes}
+
+
+def write(report: Mapping[str, Any], out: TextIO, befores: Befores | None = None) -> None:
+    """The JSON report to a stream, never held as one string: a report of hundreds of deleted
+    hosts carries every value they had and runs to tens of megabytes."""
+    for chunk in chunks(report, befores):
+        out.write(chunk)
     out.write("\n")
     out.flush()
 
 
-def write_file(report: dict[str, Any], path: Path) -> None:
+def write_file(report: Mapping[str, Any], path: Path, befores: Befores | None = None) -> None:
     """Atomically: a reader sees the previous report or this one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w") as file:
-        write(report, file)
+        write(report, file, befores)
     os.replace(temporary, path)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum
 from functools import partial
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import structlog
 
 from job import __version__
-from job.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, fill_before
+from job.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values
 from job.audit import ipam_audit, scan_blocks, with_outcomes
 from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
@@ -32,7 +32,7 @@ from job.leaks import Allocation, plan_leaks, settle
 from job.metrics import push
 from job.model import Action, KubeNode, PodInfo
 from job.plan import plan_run
-from job.report import RunRecord, build
+from job.report import Befores, RunRecord, build
 from job.state import Loaded, StateError, StateStore
 
 log = structlog.get_logger("calico_gc")
@@ -141,6 +141,25 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     keep(config, deps, report)
     log.info("run_finished", outcome=record.outcome, exit_code=int(code), summary=report["summary"])
     return report, int(code)
+
+
+def report_befores(datastore: Datastore) -> Befores:
+    """How the report writer fetches the before-values a dry run does not hold. A datastore that
+    went away since the run costs the report those values (null), not the report: one warning,
+    and no further tries."""
+    failed = False
+
+    def fetch(wanted: Sequence[tuple[str, int]]) -> Mapping[str, str]:
+        nonlocal failed
+        if not failed:
+            try:
+                return before_values(datastore, wanted)
+            except DatastoreError as error:
+                failed = True
+                log.warning("report_values_unavailable", error=str(error))
+        return {}
+
+    return fetch
 
 
 def _note_failure(report: dict[str, Any], kind: str, failure: str | None) -> None:
@@ -284,7 +303,6 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     leaked = _leaked(scan.pod_ips, deps, record)
     timings["pods_list"] = time.perf_counter() - started
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
-    plan = replace(plan, decisions=fill_before(plan.decisions, deps.datastore, inventory.revision))
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
     leak_plan = None
     if leaked is not None:

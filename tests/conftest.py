@@ -4,6 +4,7 @@ helper that runs the real job flow against both and checks every report against 
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -23,10 +24,10 @@ from job.health_reads import read_health
 from job.keep import ReportKeeper
 from job.kube import Kube, api_client
 from job.lease import LeaseLock
-from job.report import SCHEMA_PATH
+from job.report import SCHEMA_PATH, write
 from job.restore import restore
 from job.retry import RetryPolicy
-from job.runner import Dependencies, keep, run
+from job.runner import Dependencies, keep, report_befores, run
 from job.state import FileStateStore, StateStore
 from tests.support import calico, calico2
 from tests.support.etcd_server import EtcdServer
@@ -125,9 +126,13 @@ class Harness:
         config = config or self.config()
         deps = self.dependencies(config, **kwargs)
         try:
-            report, code = run(config, deps)
+            document, code = run(config, deps)
+            # The report as the CLI writes it: a dry run's before-values are fetched while writing.
+            text = io.StringIO()
+            write(document, text, report_befores(deps.datastore))
         finally:
             deps.datastore.close()
+        report: dict[str, Any] = json.loads(text.getvalue())
         validate_report(report)
         return report, code
 

@@ -41,10 +41,6 @@ class Datastore(Protocol):
         """
         ...
 
-    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
-        """The values of exact keys at a past read's revision (for entries read without one)."""
-        ...
-
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         """Exact keys as they are now, with the revision to compare on; absent keys are left out.
         (A restore reads only the keys a kept report names.)"""

@@ -229,15 +229,6 @@ class EtcdV2Datastore:
         items = (item for tree in TREES for node in [self._get(tree, recursive=True)] if node for item in _leaves(node))
         return build_inventory(items, cluster)
 
-    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
-        """Current values: the v2 API keeps no history (the read keeps every value anyway)."""
-        values = {}
-        for key in keys:
-            node = self._get(key)
-            if node is not None:
-                values[key] = node.get("value", "")
-        return values
-
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         found = {}
         for key in keys:

@@ -244,7 +244,7 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         networks = _dig(spec, "ipNetworks") or []
         # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
         ips = tuple(n.split("/", 1)[0] for n in (networks if isinstance(networks, list) else []) if isinstance(n, str))
-        # The value is dropped (100,000 endpoints would hold ~100 MB): see Datastore.values_at.
+        # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
         node = sys.intern(node)
         if collected.live is not None:
             scanning(collected).held_by_endpoints(ips)  # all the leak check needs of an endpoint
@@ -687,9 +687,6 @@ class EtcdV3Datastore:
                     key = _unb64(kv["key"])
                     found[key] = StoredItem(key, int(kv["mod_revision"]), _unb64(kv.get("value", "")))
         return found
-
-    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
-        return {key: item.value or "" for key, item in self._at(keys, revision).items()}
 
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         return self._at(keys, None)

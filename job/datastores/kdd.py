@@ -217,10 +217,6 @@ class KddDatastore:
         except KubeError:
             return None  # absent or not allowed: reported as unknown
 
-    def values_at(self, keys: Sequence[str], revision: int) -> dict[str, str]:
-        """Never needed here: every item is read with its value."""
-        return {}
-
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         found = {}
         for key in keys:
