@@ -84,6 +84,7 @@ HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS
 BLOCK_GROUPS = ((BLOCKS,),)
 BULK_GROUPS = ((WORKLOAD_ENDPOINTS,), (HANDLES,))
 READ_QUEUE_PAGES = 2
+WINDOW_PAGES = 8  # a page's range is guessed to hold this many pages (Window)
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
     ("ipv4VXLANTunnelAddr",),
@@ -96,11 +97,52 @@ PAGE_BYTES = 4 << 20  # base64 value bytes a page holds at most, after the first
 
 
 def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
+    # surrogateescape: a key read with bytes that are not UTF-8 is asked for again as it was.
+    return base64.b64encode(text.encode("utf-8", errors="surrogateescape")).decode()
 
 
 def _unb64(text: str) -> str:
     return binascii.a2b_base64(text).decode("utf-8", errors="surrogateescape")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where a page's range ends: `base` followed by the 8-byte number `at`, and the step a
+    window is wide. Keys are compared as numbers: the 8 bytes after two keys' common prefix."""
+
+    base: bytes
+    at: int
+    step: int
+
+    def end(self, limit: bytes) -> str | None:
+        """The range end, a carry past the 8 bytes going into `base`; None when it is not before
+        `limit` (the prefix's end, which the caller then asks for)."""
+        width = len(self.base) + 8
+        number = (int.from_bytes(self.base, "big") << 64) + self.at
+        if number >= 1 << (8 * width):
+            return None
+        end = number.to_bytes(width, "big")
+        return end.decode("utf-8", errors="surrogateescape") if end < limit else None
+
+    def wider(self, factor: int) -> Window:
+        """The window after this one, `factor` times as wide."""
+        return Window(self.base, self.at + self.step * factor, self.step * factor)
+
+    @staticmethod
+    def after(first: bytes, last: bytes, keys: int, wanted: int) -> Window | None:
+        """The window past `last` that holds about `wanted` keys, if keys go on as densely as the
+        `keys` keys from `first` to `last` did; None when there is no telling (read to the end).
+        A wrong guess costs a short page or a larger count, never a key: windows meet end to end."""
+        common = next((i for i, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), len(first))
+
+        def number(key: bytes) -> int:
+            return int.from_bytes(key[common : common + 8].ljust(8, b"\0"), "big")
+
+        low, high = number(first), number(last)
+        if keys < 2 or high <= low:
+            return None
+        step = max(1, (high - low) * wanted // (keys - 1))
+        return Window(first[:common], high + step, step)
 
 
 def prefix_end(prefix: str) -> str:
@@ -530,22 +572,38 @@ class EtcdV3Datastore:
     ) -> Iterator[tuple[list[dict[str, Any]], int]]:
         """Pages of raw key-values under `prefix`, all at one revision (the first page's).
 
-        A page holds at most page_size keys and, after the first, about PAGE_BYTES of values:
-        etcd counts the rest of the range on every page, so pages are as large as memory allows
-        (endpoints), but blocks are larger values and fewer keys."""
+        A page holds at most page_size keys and, after the first, about PAGE_BYTES of values.
+        etcd counts every key from a page's start to its range end, so a plain paged read of N
+        keys makes etcd count ~N²/2 keys per page size (at 5,000 hosts, a quarter of etcd's
+        work). Each page after the first therefore asks for a Window that should hold about
+        WINDOW_PAGES pages, not for the rest of the prefix. A window that holds fewer keys ends
+        the page early and the next one is wider; after an empty one (a gap in the keys) the
+        next page asks for the rest again. Windows meet end to end: every key is read once."""
         end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
+        limit_bytes = b"" if end is None else end.encode("utf-8", errors="surrogateescape")
         start, limit = prefix, self._page_size
+        window: Window | None = None  # where the next page's range ends (None: the prefix's end)
         while True:
-            response = self._range(start, end, revision, limit, keys_only)
+            bound = None if window is None else window.end(limit_bytes)
+            response = self._range(start, bound or end, revision, limit, keys_only)
             if revision is None:  # the header says the store's current revision, not the one asked for
                 revision = int(response["header"]["revision"])
             kvs = response.get("kvs", [])
-            yield kvs, revision
-            if not (response.get("more") and kvs and end is not None):
+            if kvs or bound is None:
+                yield kvs, revision
+            if end is None:
                 return
-            start = _unb64(kvs[-1]["key"]) + "\0"
-            size = sum(len(kv.get("value", "")) for kv in kvs)
-            limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
+            if response.get("more") and kvs:
+                last = binascii.a2b_base64(kvs[-1]["key"])
+                start = last.decode("utf-8", errors="surrogateescape") + "\0"
+                size = sum(len(kv.get("value", "")) for kv in kvs)
+                limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
+                window = Window.after(binascii.a2b_base64(kvs[0]["key"]), last, len(kvs), WINDOW_PAGES * limit)
+            elif bound is None:
+                return
+            else:  # the window held less than a page: the next starts where it ended, wider
+                assert window is not None  # (after an empty one, a gap in the keys: to the end)
+                start, window = bound, window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs else None
 
     def _items(self, revision: int, groups: Sequence[tuple[str, ...]]) -> Iterator[StoredItem]:
         """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the

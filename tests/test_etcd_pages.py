@@ -1,0 +1,124 @@
+"""The paged etcd v3 read asks etcd for windows of keys, not the rest of the prefix (etcd counts
+every key up to a range's end on every page). Whatever the keys look like, the windows meet end
+to end: the read returns exactly the keys one unpaged range returns, each once, in order."""
+
+from __future__ import annotations
+
+import base64
+import random
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from job.config import Config, EtcdEndpoint
+from job.datastores.etcdv3 import EtcdV3Datastore, Window
+from job.retry import RetryPolicy
+from tests.support import calico
+from tests.support.etcd_server import EtcdServer
+
+PREFIX = b"/calico/ipam/v2/handle/"
+OUTSIDE = [b"/calico/ipam/v2/handlf", b"/calico/ipam/v2/handle", b"/calico/ipam/v2/hand"]
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _put(etcd: EtcdServer, keys: list[bytes]) -> None:
+    calico.wipe(etcd.url)
+    for start in range(0, len(keys), 128):
+        puts = [
+            {"request_put": {"key": _b64(k), "value": _b64(b"v" * (len(k) % 7))}} for k in keys[start : start + 128]
+        ]
+        requests.post(f"{etcd.url}/v3/kv/txn", json={"success": puts}, timeout=30).raise_for_status()
+
+
+def _read(etcd: EtcdServer, page_size: int) -> tuple[list[bytes], int, int]:
+    """Every key under PREFIX as the job's scan pages them, how many ranges it asked for, and
+    how many keys etcd counted for them."""
+    store = EtcdV3Datastore(
+        Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=page_size),
+        RetryPolicy(),
+    )
+    asked = counted = 0
+    ranged = store._range
+
+    def range_counted(*args: object, **kwargs: object) -> dict[str, object]:
+        nonlocal asked, counted
+        answer = ranged(*args, **kwargs)  # type: ignore[arg-type]
+        asked, counted = asked + 1, counted + int(answer.get("count", 0))
+        return answer
+
+    store._range = range_counted  # type: ignore[method-assign]
+    try:
+        prefix = PREFIX.decode()
+        keys = [base64.b64decode(kv["key"]) for kvs, _ in store.scan(prefix) for kv in kvs]
+    finally:
+        store.close()
+    return keys, asked, counted
+
+
+def fleet(hosts: int) -> list[bytes]:
+    """Calico's own shapes: random container ids, then tunnel handles of hosts in a few groups."""
+    chance = random.Random(hosts)
+    keys = [PREFIX + b"k8s-pod-network." + chance.randbytes(32).hex().encode() for _ in range(hosts * 5)]
+    keys += [PREFIX + f"ipip-tunnel-addr-team-{h % 3}-ip-10-{h}".encode() for h in range(hosts)]
+    return keys
+
+
+CASES = {
+    "empty": [],
+    "one key": [PREFIX + b"a"],
+    "the prefix and keys that are prefixes of others": [PREFIX, PREFIX + b"a", PREFIX + b"a\x00", PREFIX + b"ab"],
+    "bytes that are not UTF-8": [PREFIX + bytes([b, 0xFF, 0xC3]) for b in range(0x61, 0x61 + 40)],
+    "dense then sparse": [PREFIX + b"a" * 30 + bytes([i]) for i in range(1, 60)] + [PREFIX + b"z", PREFIX + b"\xff"],
+    "a calico fleet": fleet(60),
+}
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 7, 50])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_windowed_read_returns_every_key_once_in_order(etcd: EtcdServer, case: str, page_size: int) -> None:
+    keys = CASES[case]
+    _put(etcd, keys + OUTSIDE)
+    read, _, _ = _read(etcd, page_size)
+    assert read == sorted(set(keys))
+
+
+def test_windows_spare_etcd_the_count_of_the_rest_of_the_prefix(etcd: EtcdServer) -> None:
+    """Random container ids: after the first page, each window is sized to about four pages and
+    ends where the keys say, so pages stay full and few extra ranges are asked for."""
+    keys = fleet(200)
+    _put(etcd, keys)
+    read, asked, counted = _read(etcd, 50)
+    assert read == sorted(keys)
+    pages = len(keys) / 50
+    assert counted < 8 * len(keys), f"a plain paged read makes etcd count ~{len(keys) * pages / 2:.0f}"
+    assert asked <= 1.5 * pages, "windows that miss cost extra ranges"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    tails=st.lists(st.binary(min_size=0, max_size=12), max_size=40, unique=True),
+    page_size=st.integers(min_value=1, max_value=6),
+)
+def test_any_keys_at_any_page_size(etcd: EtcdServer, tails: list[bytes], page_size: int) -> None:
+    keys = [PREFIX + tail for tail in tails]
+    _put(etcd, keys + OUTSIDE)
+    read, _, _ = _read(etcd, page_size)
+    assert read == sorted(keys)
+
+
+@given(first=st.binary(min_size=1, max_size=20), gap=st.binary(min_size=1, max_size=20), keys=st.integers(2, 5000))
+def test_a_window_ends_past_the_last_key_read_and_the_next_past_it(first: bytes, gap: bytes, keys: int) -> None:
+    last, limit = first + gap, b"\xff" * 48
+    window = Window.after(first, last, keys, 1)
+    if window is None:
+        return
+    end = window.end(limit)
+    if end is not None:
+        assert end.encode("utf-8", errors="surrogateescape") > last + b"\x00"
+        after = window.wider(2).end(limit)
+        assert after is None or after.encode("utf-8", errors="surrogateescape") > end.encode(errors="surrogateescape")
