@@ -12,7 +12,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from job.ipam import Held, Networks, StaleHandle, address_in, affinity_host, block_data, parse_network
+from job.ipam import Held, Networks, StaleHandle, address_in, affinity_host, block_data
 from job.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan, pod_attribution
 from job.model import HandleRepair, Inventory, IpamBlock
 from job.plan import HANDLE_REPAIRED
@@ -177,8 +177,8 @@ def ipam_audit(
     ]
     pools = []
     for cidr in inventory.pools:
-        pool = parse_network(cidr, strict=False)
-        inside = [b.cidr for b in inventory.blocks if _within(parse_network(b.cidr), pool)]
+        pool = ipaddress.ip_network(cidr, strict=False)
+        inside = [b.cidr for b in inventory.blocks if _within(ipaddress.ip_network(b.cidr), pool)]
         used = sum(allocated[c] for c in inside)
         pools.append(
             {

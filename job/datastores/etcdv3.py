@@ -29,7 +29,6 @@ from job.ipam import (
     block_shape_problem,
     normal_cidr,
     parse_handle,
-    parse_network,
     summarize_block,
     tunnel_handle_node,
 )
@@ -222,7 +221,7 @@ def _cidr_from_key(segment: str) -> str | None:
     """Calico writes a block CIDR in keys with its `/` as `-` (`10.0.0.0-26`)."""
     address, _, length = segment.rpartition("-")
     try:
-        return str(parse_network(f"{address}/{length}"))
+        return str(ipaddress.ip_network(f"{address}/{length}"))
     except ValueError:
         return None
 
@@ -342,7 +341,7 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
 def collect_pool(collected: Collected, item: StoredItem, cidr: Any) -> None:
     """An IP pool's CIDR, for the IPAM check's utilisation (etcd v3 `spec.cidr`, v2 `cidr`)."""
     try:
-        collected.pools.append(str(parse_network(str(cidr), strict=False)))
+        collected.pools.append(str(ipaddress.ip_network(str(cidr), strict=False)))
     except ValueError:
         collected.problem("malformed_value", item.key, f"IP pool cidr {cidr!r} is not a network")
 
