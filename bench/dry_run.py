@@ -200,12 +200,15 @@ def main() -> int:
             job = statistics.median(r[0] for r in runs[name])
             timings = [r[3]["timings"] for r in runs[name]]
             kube = statistics.median(t.get("kubernetes_read", 0) + t.get("pods_list", 0) for t in timings)  # type: ignore[attr-defined]
+            read = statistics.median(t["datastore_read"] for t in timings)  # type: ignore[index]
             versus_floor = f"; {job / floor:.2f}x etcdctl" if floor else ""
             print(
                 f"job dry run, {name}: {spread([r[0] for r in runs[name]])}"
                 f"  ratio {job / raw:.2f} to the raw read (goal <= 1.0; {job / side_by_side:.2f} to the side-by-side"
                 f" read{versus_floor})  peak RSS {spread([r[1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
                 f"  Kubernetes reads {kube:.2f}s ({kube / job:.0%} of the run, mostly beside the etcd read)"
+                f"  the etcd read within the run {read:.2f}s ({read / raw:.2f} to the raw read; the rest is starting"
+                " Python, imports, planning and the report)"
             )
         if options.extra_endpoints:
             # The same cluster with more pods on live hosts: what each one costs the job's memory.
