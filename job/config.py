@@ -263,7 +263,7 @@ OPTIONS: tuple[Option, ...] = (
         "--page-size",
         "CALICO_GC_PAGE_SIZE",
         "2000",
-        "Keys per paged etcd read (etcd counts the rest of the range on every page, so small pages cost more).",
+        "Keys per paged etcd read (every page is one more request to etcd, so small pages cost time).",
         metavar="N",
     ),
     Option(

@@ -601,9 +601,11 @@ class EtcdV3Datastore:
                 window = Window.after(binascii.a2b_base64(kvs[0]["key"]), last, len(kvs), WINDOW_PAGES * limit)
             elif bound is None:
                 return
-            else:  # the window held less than a page: the next starts where it ended, wider
-                assert window is not None  # (after an empty one, a gap in the keys: to the end)
-                start, window = bound, window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs else None
+            else:  # the window held less than a page: the next one starts where it ended
+                assert window is not None
+                start = bound
+                # Wider by what it missed; after an empty one (a gap in the keys) the rest of the prefix.
+                window = window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs else None
 
     def _items(self, revision: int, groups: Sequence[tuple[str, ...]]) -> Iterator[StoredItem]:
         """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the
