@@ -84,6 +84,9 @@ HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS
 BLOCK_GROUPS = ((BLOCKS,),)
 BULK_GROUPS = ((WORKLOAD_ENDPOINTS,), (HANDLES,))
 READ_QUEUE_PAGES = 2
+# While the workers read pages and this thread parses them, a worker waits for the GIL after each
+# answer; Python's default (5 ms) left etcd idle for most of those waits (_items).
+READ_SWITCH_INTERVAL = 0.001
 WINDOW_PAGES = 8  # a page's range is guessed to hold this many pages (Window)
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
@@ -263,14 +266,15 @@ class Collected:
 
 
 def collect_key(collected: Collected, item: StoredItem) -> None:
-    """File one key under the host it belongs to (docs/calico-data.md)."""
+    """File one key under the host it belongs to (docs/calico-data.md). The most numerous keys
+    (handles, then endpoints) are tested for first."""
     key = item.key
-    if key.startswith(NODES):
-        name = key[len(NODES) :]
-        if not name or "/" in name:
-            collected.problem("unknown_key", key, "not a Calico Node key")
-        else:
-            collected.nodes[name] = item
+    if key.startswith(HANDLES):
+        # Parsed only when a release needs it: nearly all handles belong to live pods.
+        handle_id = key[len(HANDLES) :]
+        if collected.live is not None and not _may_write(collected, handle_id, item.value):
+            return
+        collected.handles[handle_id] = IpamHandle(item, handle_id)
     elif key.startswith(WORKLOAD_ENDPOINTS):
         if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
             collected.problem("unknown_key", key, "not a workload endpoint key")
@@ -293,6 +297,12 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
             if collected.live(node):
                 return  # a live host's: never planned
         collected.endpoints[node].append(WorkloadEndpoint(StoredItem(item.key, item.revision, None), node, ips))
+    elif key.startswith(NODES):
+        name = key[len(NODES) :]
+        if not name or "/" in name:
+            collected.problem("unknown_key", key, "not a Calico Node key")
+        else:
+            collected.nodes[name] = item
     elif key.startswith((NODE_FELIX_CONFIGS, NODE_BGP_CONFIGS)):
         prefix = NODE_FELIX_CONFIGS if key.startswith(NODE_FELIX_CONFIGS) else NODE_BGP_CONFIGS
         collected.owned[key[len(prefix) :]].append(item)
@@ -321,12 +331,6 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         _collect_block(collected, item)
     elif key.startswith(AFFINITIES):
         _collect_affinity(collected, item)
-    elif key.startswith(HANDLES):
-        # Parsed only when a release needs it: nearly all handles belong to live pods.
-        handle_id = key[len(HANDLES) :]
-        if collected.live is not None and not _may_write(collected, handle_id, item.value):
-            return
-        collected.handles[handle_id] = IpamHandle(item, handle_id)
     elif key.startswith(FELIX_STATUS):
         parts = key[len(FELIX_STATUS) :].split("/", 3)
         if len(parts) < 4 or parts[1] != "host" or not parts[2]:
@@ -614,7 +618,8 @@ class EtcdV3Datastore:
         Within a prefix pages must follow one another; across prefixes they need not, so the
         large prefixes are scanned by their own workers while this thread files the pages: etcd
         serialises the next pages while Python parses this one. At most READ_QUEUE_PAGES pages
-        wait in memory.
+        wait in memory. The GIL is passed on more often meanwhile, so that a worker with an answer
+        asks for its next page soon (READ_SWITCH_INTERVAL).
         """
         pages: queue.Queue[list[dict[str, Any]] | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
         stop = threading.Event()
@@ -636,6 +641,8 @@ class EtcdV3Datastore:
             except BaseException as error:  # handed to the reading thread, which raises it
                 deliver(error)
 
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(READ_SWITCH_INTERVAL)
         for group in groups:
             threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
         try:
@@ -651,6 +658,7 @@ class EtcdV3Datastore:
                         yield StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
         finally:
             stop.set()
+            sys.setswitchinterval(switch_interval)
 
     def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
         inventory = self._read(kube_names)
