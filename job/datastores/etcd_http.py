@@ -5,7 +5,6 @@ that names the server and the setting to check.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Collection
@@ -96,11 +95,8 @@ class EtcdHttp:
             url = self._endpoints[self._current] + path
             try:
                 response = self._session().request(
-                    method, url, json=json_body, params=params, data=data, timeout=self._timeout, stream=True
+                    method, url, json=json_body, params=params, data=data, timeout=self._timeout
                 )
-                # Read whole: requests reads 10 KiB at a time, and each read waits for the GIL again,
-                # while another thread parses the last page (etcd sat idle for those waits).
-                body = b"".join(response.iter_content(None))
             except requests.exceptions.SSLError as error:
                 raise _Final(f"TLS to etcd at {url} failed: {_tls_reason(error)}; {TLS_HINT}", "tls") from error
             except requests.RequestException as error:
@@ -108,8 +104,8 @@ class EtcdHttp:
                 reason = "timed out" if isinstance(error, requests.Timeout) else network_reason(error)
                 raise _Transient(f"etcd at {url} did not answer: {reason}") from error
             try:
-                parsed = json.loads(body)
-            except ValueError:  # UnicodeDecodeError included
+                parsed = response.json()
+            except ValueError:
                 kind = response.headers.get("Content-Type", "no content type").split(";")[0]
                 raise _Final(
                     f"{url} answered HTTP {response.status_code} with {kind}, not etcd's JSON API; {ENDPOINTS_HINT} "
