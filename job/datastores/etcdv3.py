@@ -644,9 +644,9 @@ class EtcdV3Datastore:
 
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(READ_SWITCH_INTERVAL)
-        for group in groups:
-            threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
         try:
+            for group in groups:
+                threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
             running = len(groups)
             while running:
                 page = pages.get()
