@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -126,16 +127,25 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 document, code, render = _restore(config, deps)
             else:
                 (document, code), render = run(config, deps), report.render_text
+        written = None
         try:
             if config.report_file is not None:
                 report.write_file(document, config.report_file, befores)
+                written = config.report_file
         except OSError as error:
             print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)
             code = max(code, ExitCode.ERROR)
-        if config.output == "json":
-            report.write(document, sys.stdout, befores)
-        else:
+        if config.output != "json":
             sys.stdout.write(render(document))
+        elif written is None:
+            report.write(document, sys.stdout, befores)
+        else:  # the file's text: a dry run's before-values are fetched once, and both outputs agree
+            try:
+                with written.open() as text:
+                    shutil.copyfileobj(text, sys.stdout)
+            except OSError as error:
+                print(f"calico-gc: error: cannot copy the report from {written} to stdout: {error}", file=sys.stderr)
+                code = max(code, ExitCode.ERROR)
     finally:
         deps.datastore.close()
     return code

@@ -141,10 +141,11 @@ def chunks(report: Mapping[str, Any], befores: Befores | None = None, indent: in
     """The report as JSON text, piece by piece; the same text `json.dumps` gives. Its hosts are
     encoded a batch at a time, and a dry run's before-values (which the run does not hold: at
     1,500 planned hosts they are ~30 MB) are fetched with `befores` for that batch only."""
-    encode = json.JSONEncoder(indent=indent, separators=(",", ": ") if indent else (",", ":")).encode
-    inner = "\n" + " " * indent if indent else ""
+    pretty = indent is not None
+    encode = json.JSONEncoder(indent=indent, separators=(",", ": ") if pretty else (",", ":")).encode
+    inner = "\n" + " " * (indent or 0) if pretty else ""
     deeper = inner + inner[1:]
-    colon = ": " if indent else ":"
+    colon = ": " if pretty else ":"
     if not report:
         yield "{}"
         return

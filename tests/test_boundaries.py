@@ -136,8 +136,8 @@ def test_an_etcd_endpoint_answering_html_is_named(
 def test_an_etcd_hanging_up_halfway_through_an_answer_is_tried_again_at_the_next_endpoint(
     harness: Harness, hangup_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # etcd's answers are read whole after their headers (EtcdHttp.request): a cut there is a
-    # transient failure like a refused connection, never a traceback or a half-parsed page.
+    # An answer's body is read after its headers, still inside EtcdHttp.request's handling: a cut
+    # there is a transient failure like a refused connection, never a traceback or half a page.
     code, report = run_main(harness, capsys, ETCD_ENDPOINTS=hangup_server)
     error = only_error(report)
     assert code == 1 and error["kind"] == "unavailable"

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from job import runner
 from job.cli import main
 from job.config import OPTIONS, Config, ConfigError, load, parse_duration
+from job.datastores.base import Datastore
 from job.kube import KubeError, api_client
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
@@ -29,10 +32,18 @@ def environment(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str
 
 
 def test_dry_run_by_default_report_on_stdout_and_in_a_file(
-    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     harness.seed(s.kops_cluster())
     before = harness.dump()
+    fetched: list[str] = []
+    fetch = runner.before_values
+
+    def counted(datastore: Datastore, wanted: Sequence[tuple[str, int]]) -> dict[str, str]:
+        fetched.extend(key for key, _ in wanted)
+        return fetch(datastore, wanted)
+
+    monkeypatch.setattr(runner, "before_values", counted)
     report_file = tmp_path / "out" / "report.json"
     code = main(
         ["--grace-period", "0s", "--state-file", str(tmp_path / "state.json"), "--report-file", str(report_file)],
@@ -44,6 +55,10 @@ def test_dry_run_by_default_report_on_stdout_and_in_a_file(
     validate_report(report)
     assert report == json.loads(report_file.read_text())
     assert report["mode"] == "dry-run" and report["summary"]["would_delete"] == 2
+    # The before-values the dry run did not hold are fetched once, for both outputs.
+    changes = [c for h in report["hosts"] for c in h["changes"]]
+    assert all(c["before"] is not None for c in changes)
+    assert fetched and sorted(fetched) == sorted(set(fetched))
     assert harness.dump() == before
     # Every line on stderr is a JSON log event, so `kubectl logs ... | jq` reads the whole stream.
     log_lines = [json.loads(line) for line in out.err.splitlines()]

@@ -26,9 +26,9 @@ DOCUMENTS: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
-@pytest.mark.parametrize("indent", [2, None])
+@pytest.mark.parametrize("indent", [2, 0, None])
 def test_the_streamed_report_is_the_text_json_dumps_gives(document: dict[str, Any], indent: int | None) -> None:
-    separators = (",", ": ") if indent else (",", ":")
+    separators = (",", ": ") if indent is not None else (",", ":")
     assert "".join(report.chunks(document, indent=indent)) == json.dumps(document, indent=indent, separators=separators)
 
 
