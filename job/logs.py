@@ -35,14 +35,19 @@ def configure(level: str = "info", form: str = "json") -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
+    # Tracebacks without frame locals: locals can hold tokens and certificate paths. JSON gets
+    # the traceback as a structure; the readable renderer wants it as text (it fails on a structure).
+    render: list[structlog.types.Processor] = (
+        [
+            structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
+            structlog.processors.JSONRenderer(),
+        ]
+        if form == "json"
+        else [structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)]
+    )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            # Tracebacks without frame locals: locals can hold tokens and certificate paths.
-            structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
-            structlog.processors.JSONRenderer() if form == "json" else structlog.dev.ConsoleRenderer(colors=False),
-        ],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *render],
     )
     handler = _CurrentStderr()
     handler.setFormatter(formatter)
