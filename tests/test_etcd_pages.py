@@ -49,13 +49,13 @@ def _read(etcd: EtcdServer, page_size: int) -> tuple[list[bytes], int, int]:
     def range_counted(*args: object, **kwargs: object) -> dict[str, object]:
         nonlocal asked, counted
         answer = ranged(*args, **kwargs)  # type: ignore[arg-type]
-        asked, counted = asked + 1, counted + int(answer.get("count", 0))
+        asked, counted = asked + 1, counted + answer.count
         return answer
 
     store._range = range_counted  # type: ignore[method-assign]
     try:
         prefix = PREFIX.decode()
-        keys = [base64.b64decode(kv["key"]) for kvs, _ in store.scan(prefix) for kv in kvs]
+        keys = [kv.key for kvs, _ in store.scan(prefix) for kv in kvs]
     finally:
         store.close()
     return keys, asked, counted
@@ -135,7 +135,7 @@ def test_the_read_passes_the_interpreter_lock_more_often_only_while_it_runs(etcd
     before = sys.getswitchinterval()
     assert before != READ_SWITCH_INTERVAL
     try:
-        revision = int(store._range(PREFIX.decode(), None, None)["header"]["revision"])
+        revision = store._range(PREFIX.decode(), None, None).header.revision
         during = [sys.getswitchinterval() for _ in store._items(revision, ((PREFIX.decode(),),))]
         assert len(during) == 50 and set(during) == {READ_SWITCH_INTERVAL}
         assert sys.getswitchinterval() == before

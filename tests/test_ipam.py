@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from job.datastores.etcdv3 import _top_level_spec, bare_ip, build_inventory
+from job.datastores.etcdv3 import WORKLOAD_ENDPOINTS, bare_ip, build_inventory, endpoint_spec
 from job.ipam import (
     Held,
     block_shape_problem,
@@ -241,17 +241,56 @@ def test_handles_of_released_ips_are_deleted_or_decremented() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('{"kind":"WorkloadEndpoint","metadata":{"name":"w"},"spec":{"node":"n1"}}', {"node": "n1"}),
-        ('{"metadata":{"labels":{"spec":"x"}},"spec":{"node":"n1"}}', {"node": "n1"}),
-        ('{"spec":{"node":"n1"},"metadata":{"labels":{"spec":"x"}}}', None),
-        ('{"spec":{"node":"n1"},"metadata":{"annotations":{"spec":{"node":"n2"}}}}', None),
-        ('{"metadata":{"annotations":{"a":"\\"spec\\":{}"}},"spec":{"node":"n1"}}', {"node": "n1"}),
-        ('{"spec": {"node": "n1"} }', None),
+        ('{"kind":"WorkloadEndpoint","metadata":{"name":"w"},"spec":{"node":"n1"}}', ("n1", [])),
+        (
+            '{"metadata":{"labels":{"spec":"x"}},"spec":{"node":"n1","ipNetworks":["10.0.0.1/32"]}}',
+            ("n1", ["10.0.0.1/32"]),
+        ),
+        ('{"spec":{"node":"n1"},"metadata":{"annotations":{"spec":{"node":"n2"}}}}', ("n1", [])),
+        (
+            '{"spec": {"ipNetworks": ["fd00::1/128", "10.0.0.1/32"], "node": "n1"} }',
+            ("n1", ["fd00::1/128", "10.0.0.1/32"]),
+        ),
+        ('{"spec":{"node":""}}', None),
+        ('{"spec":{"node":5}}', None),
+        ('{"spec":{"node":"n1","ipNetworks":null}}', None),
+        ('{"spec":{"node":"n1","ipNetworks":["10.0.0.1/32",7]}}', None),
+        ('{"spec":null}', None),
+        ('{"metadata":{}}', None),
+        ("[]", None),
         ("not json", None),
+        ("", None),
     ],
 )
-def test_top_level_spec_is_taken_only_when_it_is_certainly_the_top_level_member(text: str, expected: object) -> None:
-    assert _top_level_spec(text) == expected
+def test_endpoint_spec_takes_only_the_usual_shape(text: str, expected: object) -> None:
+    assert endpoint_spec(text) == expected
+
+
+def test_an_endpoint_of_another_shape_is_read_whole_and_what_is_wrong_is_said() -> None:
+    """The typed fast path (endpoint_spec) and the whole parse it falls back to agree: an odd
+    value is filed by its node with the IPs that are text, or named as a problem."""
+    values = {
+        "a": '{"spec":{"node":"n1","ipNetworks":["10.0.0.1/32",7,null]}}',
+        "b": '{"spec":{"node":"n1","ipNetworks":null}}',
+        "c": '{"spec":{"node":""}}',
+        "d": '{"spec":{"node":["n1"]}}',
+        "e": '{"spec":null}',
+        "f": "not json",
+        "g": '{"spec":{"node":"n1","ipNetworks":["10.0.0.2/32"]}}',
+    }
+    items = (StoredItem(f"{WORKLOAD_ENDPOINTS}ns/{name}", 1, value) for name, value in values.items())
+    inventory = build_inventory(items, lambda: 1)
+    (host,) = inventory.hosts
+    assert host.name == "n1"
+    assert {e.item.key.rsplit("/", 1)[1]: e.ips for e in host.workload_endpoints} == {
+        "a": ("10.0.0.1",),
+        "b": (),
+        "g": ("10.0.0.2",),
+    }
+    problems = {p.key.rsplit("/", 1)[1]: (p.kind, p.message) for p in inventory.problems}
+    assert problems["c"] == problems["d"] == ("malformed_value", "workload endpoint without spec.node")
+    assert problems["f"][0] == "malformed_value" and "not valid JSON" in problems["f"][1]
+    assert "e" not in problems  # a null spec says nothing to act on, as before
 
 
 def test_allocate_is_the_inverse_of_release_and_adds_no_field_calico_2_lacks() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import requests
@@ -84,12 +84,23 @@ class EtcdHttp:
         params: dict[str, str] | None = None,
         data: dict[str, str] | None = None,
         expect: Collection[int] = (200,),
+        decode: Callable[[bytes], Any] | None = None,
     ) -> tuple[int, Any]:
         """One call, retried on transient failures; returns (status, parsed JSON).
 
         A status outside `expect` raises DatastoreError with etcd's own message, except 5xx and
-        "no leader" answers, which are retried first.
+        "no leader" answers, which are retried first. `decode` parses an expected answer in place
+        of json (typed, in one pass); it raises ValueError, with the reason, on one it cannot.
         """
+
+        def not_etcd(response: requests.Response, url: str, reason: str | None = None) -> _Final:
+            kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+            what = f"JSON etcd does not write ({reason})" if reason and kind == "application/json" else kind
+            return _Final(
+                f"{url} answered HTTP {response.status_code} with {what}, not etcd's JSON API; {ENDPOINTS_HINT} "
+                "(a proxy or another service?)",
+                "bad_answer",
+            )
 
         def attempt() -> tuple[int, Any]:
             url = self._endpoints[self._current] + path
@@ -103,15 +114,15 @@ class EtcdHttp:
                 self._current = (self._current + 1) % len(self._endpoints)  # try the next endpoint
                 reason = "timed out" if isinstance(error, requests.Timeout) else network_reason(error)
                 raise _Transient(f"etcd at {url} did not answer: {reason}") from error
+            if decode is not None and response.status_code in expect:
+                try:
+                    return response.status_code, decode(response.content)
+                except ValueError as error:
+                    raise not_etcd(response, url, one_line(str(error))) from None
             try:
                 parsed = response.json()
             except ValueError:
-                kind = response.headers.get("Content-Type", "no content type").split(";")[0]
-                raise _Final(
-                    f"{url} answered HTTP {response.status_code} with {kind}, not etcd's JSON API; {ENDPOINTS_HINT} "
-                    "(a proxy or another service?)",
-                    "bad_answer",
-                ) from None
+                raise not_etcd(response, url) from None
             if response.status_code in expect:
                 return response.status_code, parsed
             message = one_line(

@@ -7,7 +7,6 @@ the shared model, committing turns conditional writes back into etcd transaction
 from __future__ import annotations
 
 import base64
-import binascii
 import gc
 import ipaddress
 import json
@@ -19,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import msgspec
 
 from job.audit import BlockScan, find_dangling
 from job.config import Config
@@ -78,11 +79,11 @@ PREFIXES = (
     HANDLES,
     FELIX_STATUS,
 )
-# The small prefixes, which name the hosts, first; then the blocks, judged by which hosts are live;
-# then the endpoints and the handles side by side, both judged against the blocks.
+# The small prefixes, which name the hosts, first. Then, judged by which hosts are live, the
+# blocks followed by the handles (a handle is judged against every block), beside the endpoints
+# (whose IPs wait in the block scan until the last block is in: BlockScan.blocks_read).
 HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS, HANDLES)),)
-BLOCK_GROUPS = ((BLOCKS,),)
-BULK_GROUPS = ((WORKLOAD_ENDPOINTS,), (HANDLES,))
+IPAM_GROUPS = ((BLOCKS, HANDLES), (WORKLOAD_ENDPOINTS,))
 READ_QUEUE_PAGES = 2
 # While the workers read pages and this thread parses them, a worker needs the GIL back after
 # each 10 KiB it reads (requests' reads); at Python's default (5 ms) etcd sat idle meanwhile.
@@ -97,7 +98,7 @@ TUNNEL_FIELDS = (
     ("wireguard", "interfaceIPv6Address"),
 )
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-PAGE_BYTES = 4 << 20  # base64 value bytes a page holds at most, after the first (see scan)
+PAGE_BYTES = 3 << 20  # value bytes a page holds at most, after the first (see scan)
 
 
 def _b64(text: str) -> str:
@@ -106,7 +107,43 @@ def _b64(text: str) -> str:
 
 
 def _unb64(text: str) -> str:
-    return binascii.a2b_base64(text).decode("utf-8", errors="surrogateescape")
+    return base64.b64decode(text).decode("utf-8", errors="surrogateescape")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="surrogateescape")
+
+
+class KeyValue(msgspec.Struct, frozen=True):
+    """One key of a range answer as the JSON gateway writes it: bytes in base64, int64s as strings."""
+
+    key: bytes
+    mod_revision: int
+    value: bytes = b""
+
+
+class _Header(msgspec.Struct, frozen=True):
+    revision: int
+
+
+class RangeAnswer(msgspec.Struct, frozen=True):
+    header: _Header
+    kvs: list[KeyValue] = []
+    more: bool = False
+    count: int = 0  # keys etcd counted from the range's start to its end (not only those returned)
+
+
+_RANGE_ANSWER = msgspec.json.Decoder(RangeAnswer, strict=False)  # strict=False: "123" is an int64
+
+
+def range_answer(content: bytes) -> RangeAnswer:
+    """A range answer parsed in one pass, base64 included: a third of the read's CPU was json
+    and base64 decoding into objects that were thrown away. An answer of another shape is a
+    ValueError, which EtcdHttp reports as not etcd's."""
+    try:
+        return _RANGE_ANSWER.decode(content)
+    except msgspec.DecodeError as error:
+        raise ValueError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -166,25 +203,27 @@ def _dig(value: Any, *path: str) -> Any:
     return value
 
 
-_DECODER = json.JSONDecoder()
+class _EndpointSpec(msgspec.Struct, frozen=True):
+    node: str = ""
+    ipNetworks: list[str] = []  # Calico's name
 
 
-def _top_level_spec(text: str) -> Any:
-    """The top-level `spec` of a resource, decoding nothing else; None when unsure.
+class _Endpoint(msgspec.Struct, frozen=True):
+    spec: _EndpointSpec
 
-    Calico (Go's encoding/json) writes `spec` as the last member, after a `metadata` that often
-    outweighs it (pod labels). The result is used only if it runs exactly to the closing brace
-    of the whole document, i.e. it was the top-level object's last member; else the caller
-    parses the whole value.
-    """
-    start = text.rfind('"spec":')
-    if start < 0:
-        return None
+
+_ENDPOINT = msgspec.json.Decoder(_Endpoint)
+
+
+def endpoint_spec(value: str) -> tuple[str, list[str]] | None:
+    """A workload endpoint's `spec.node` and `spec.ipNetworks`, building nothing else: its
+    metadata (pod labels) often outweighs its spec, and there are 20 endpoints to a host. None
+    for a value of another shape, which the caller parses whole to say what is wrong with it."""
     try:
-        spec, end = _DECODER.raw_decode(text, start + len('"spec":'))
-    except ValueError:
+        spec = _ENDPOINT.decode(value).spec
+    except msgspec.DecodeError:
         return None
-    return spec if isinstance(spec, dict) and text[end:].strip() == "}" else None
+    return (spec.node, spec.ipNetworks) if spec.node else None
 
 
 def bare_ip(text: Any) -> str | None:
@@ -280,17 +319,20 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
             collected.problem("unknown_key", key, "not a workload endpoint key")
             return
-        spec = _top_level_spec(item.value or "")
-        if spec is None:
+        typed = endpoint_spec(item.value or "")
+        if typed is not None:
+            node, networks = typed
+        else:
             spec = _dig(collected.json(item), "spec")
-        node = _dig(spec, "node")
-        if not isinstance(node, str) or not node:
-            if spec is not None:
-                collected.problem("malformed_value", key, "workload endpoint without spec.node")
-            return
-        networks = _dig(spec, "ipNetworks") or []
+            node = _dig(spec, "node")
+            if not isinstance(node, str) or not node:
+                if spec is not None:
+                    collected.problem("malformed_value", key, "workload endpoint without spec.node")
+                return
+            listed = _dig(spec, "ipNetworks")
+            networks = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
         # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
-        ips = tuple(n.split("/", 1)[0] for n in (networks if isinstance(networks, list) else []) if isinstance(n, str))
+        ips = tuple(n.split("/", 1)[0] for n in networks)
         # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
         node = sys.intern(node)
         if collected.live is not None:
@@ -385,7 +427,7 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
 
 
 def scanning(collected: Collected) -> BlockScan:
-    """The block scan of a read that knows which hosts are live (BLOCK_GROUPS)."""
+    """The block scan of a read that knows which hosts are live (IPAM_GROUPS)."""
     if collected.scan is None:
         collected.scan = BlockScan(collected.k8s_names)
     return collected.scan
@@ -395,7 +437,7 @@ def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
     """Whether a plan may write this handle, so that the read keeps it: it counts other than
     what the blocks hold (stale, or holding nothing), or counts an allocation that no live host
     owns, or is the tunnel handle of a host that is not live. Every block has been read by now
-    (BLOCK_GROUPS come first)."""
+    (the handles follow the blocks in one scan, IPAM_GROUPS)."""
     assert collected.live is not None
     held = scanning(collected).held
     collected.named_read += handle_id in held
@@ -546,11 +588,14 @@ class EtcdV3Datastore:
     def describe(self) -> dict[str, object]:
         return {"type": self.type, "endpoints": self._http.endpoints}
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _path(self, path: str) -> str:
         if self._prefix is None:  # asked once, before any worker thread starts
             _, version = self._http.request("GET", "/version")
             self._prefix = gateway_prefix(str(version.get("etcdserver", "")) if isinstance(version, dict) else "")
-        _, answer = self._http.request("POST", self._prefix + path, json_body=body)
+        return self._prefix + path
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        _, answer = self._http.request("POST", self._path(path), json_body=body)
         header = answer.get("header") if isinstance(answer, dict) else None
         try:
             int(header["revision"])  # type: ignore[index]
@@ -564,17 +609,19 @@ class EtcdV3Datastore:
 
     def _range(
         self, start: str, end: str | None, revision: int | None, limit: int = 0, keys_only: bool = False
-    ) -> dict[str, Any]:
+    ) -> RangeAnswer:
         body: dict[str, Any] = {"key": _b64(start), "limit": limit or self._page_size, "keys_only": keys_only}
         if end is not None:
             body["range_end"] = _b64(end)
         if revision is not None:
             body["revision"] = revision
-        return self._post("/kv/range", body)
+        _, answer = self._http.request("POST", self._path("/kv/range"), json_body=body, decode=range_answer)
+        assert isinstance(answer, RangeAnswer)
+        return answer
 
     def scan(
         self, prefix: str, revision: int | None = None, keys_only: bool = False
-    ) -> Iterator[tuple[list[dict[str, Any]], int]]:
+    ) -> Iterator[tuple[list[KeyValue], int]]:
         """Pages of raw key-values under `prefix`, all at one revision (the first page's).
 
         A page holds at most page_size keys and, after the first, about PAGE_BYTES of values.
@@ -592,18 +639,18 @@ class EtcdV3Datastore:
             bound = None if window is None else window.end(limit_bytes)
             response = self._range(start, bound or end, revision, limit, keys_only)
             if revision is None:  # the header says the store's current revision, not the one asked for
-                revision = int(response["header"]["revision"])
-            kvs = response.get("kvs", [])
+                revision = response.header.revision
+            kvs = response.kvs
             if kvs or bound is None:
                 yield kvs, revision
             if end is None:
                 return
-            if response.get("more") and kvs:
-                last = binascii.a2b_base64(kvs[-1]["key"])
-                start = last.decode("utf-8", errors="surrogateescape") + "\0"
-                size = sum(len(kv.get("value", "")) for kv in kvs)
+            if response.more and kvs:
+                last = kvs[-1].key
+                start = _text(last) + "\0"
+                size = sum(len(kv.value) for kv in kvs)
                 limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
-                window = Window.after(binascii.a2b_base64(kvs[0]["key"]), last, len(kvs), WINDOW_PAGES * limit)
+                window = Window.after(kvs[0].key, last, len(kvs), WINDOW_PAGES * limit)
             elif bound is None:
                 return
             else:  # the window held less than a page: the next one starts where it ended
@@ -612,9 +659,12 @@ class EtcdV3Datastore:
                 # Wider by what it missed; after an empty one (a gap in the keys) the rest of the prefix.
                 window = window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs else None
 
-    def _items(self, revision: int, groups: Sequence[tuple[str, ...]]) -> Iterator[StoredItem]:
+    def _items(
+        self, revision: int, groups: Sequence[tuple[str, ...]], prefix_read: Callable[[str], None] | None = None
+    ) -> Iterator[StoredItem]:
         """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the
-        groups side by side.
+        groups side by side. `prefix_read` is called with each prefix once all its keys are
+        yielded and handled.
 
         Within a prefix pages must follow one another; across prefixes they need not, so the
         large prefixes are scanned by their own workers while this thread files the pages: etcd
@@ -622,10 +672,10 @@ class EtcdV3Datastore:
         wait in memory. The GIL is passed on more often meanwhile, so that a worker with an answer
         asks for its next page soon (READ_SWITCH_INTERVAL).
         """
-        pages: queue.Queue[list[dict[str, Any]] | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
+        pages: queue.Queue[list[KeyValue] | str | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
         stop = threading.Event()
 
-        def deliver(page: list[dict[str, Any]] | BaseException | None) -> None:
+        def deliver(page: list[KeyValue] | str | BaseException | None) -> None:
             while not stop.is_set():
                 try:
                     pages.put(page, timeout=0.1)
@@ -638,6 +688,7 @@ class EtcdV3Datastore:
                 for prefix in prefixes:
                     for kvs, _ in self.scan(prefix, revision):
                         deliver(kvs)
+                    deliver(prefix)  # after its last page: every key of it is filed
                 deliver(None)
             except BaseException as error:  # handed to the reading thread, which raises it
                 deliver(error)
@@ -654,9 +705,12 @@ class EtcdV3Datastore:
                     running -= 1
                 elif isinstance(page, BaseException):
                     raise page
+                elif isinstance(page, str):
+                    if prefix_read is not None:
+                        prefix_read(page)
                 else:
                     for kv in page:
-                        yield StoredItem(_unb64(kv["key"]), int(kv["mod_revision"]), _unb64(kv.get("value", "")))
+                        yield StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value))
         finally:
             stop.set()
             sys.setswitchinterval(switch_interval)
@@ -671,11 +725,11 @@ class EtcdV3Datastore:
         return inventory
 
     def _read(self, kube_names: Callable[[], Set[str]] | None) -> Inventory:
-        """The hosts first; then the blocks; then the endpoints beside the handles. Told the
+        """The hosts first; then the blocks and the handles beside the endpoints. Told the
         Kubernetes Node names, it keeps of live hosts only what the block scan needs
         (Collected.live, docs/design.md): memory then follows hosts and orphans, not keys."""
         # One revision for every prefix: a consistent snapshot of the whole datastore.
-        revision = int(self._range(CLUSTER_INFORMATION, None, None)["header"]["revision"])
+        revision = self._range(CLUSTER_INFORMATION, None, None).header.revision
         collected = Collected()
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
@@ -688,9 +742,13 @@ class EtcdV3Datastore:
                 for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
                     collected.owned.pop(name, None)  # a live host's: never planned
                     collected.affinities.pop(name, None)
-            for groups in (BLOCK_GROUPS, BULK_GROUPS):
-                for item in self._items(revision, groups):
-                    collect_key(collected, item)
+
+            def prefix_read(prefix: str) -> None:
+                if prefix == BLOCKS and collected.live is not None:
+                    scanning(collected).blocks_read()
+
+            for item in self._items(revision, IPAM_GROUPS, prefix_read):
+                collect_key(collected, item)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
@@ -740,7 +798,7 @@ class EtcdV3Datastore:
     def _keys(self, prefix: str, revision: int) -> Iterator[str]:
         """Every key under `prefix` at `revision`, without values."""
         for kvs, _ in self.scan(prefix, revision, keys_only=True):
-            yield from (_unb64(kv["key"]) for kv in kvs)
+            yield from (_text(kv.key) for kv in kvs)
 
     def _at(self, keys: Sequence[str], revision: int | None) -> dict[str, StoredItem]:
         """Exact keys at `revision` (None: now), in transactions of 128 reads; absent keys left out."""
