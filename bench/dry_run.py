@@ -92,7 +92,9 @@ def parallel_read_seconds(config: Config) -> float:
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     revision = store._range(PREFIXES[0], None, None).header.revision
-    sum(1 for groups in (HOST_GROUPS, IPAM_GROUPS) for _ in store._items(revision, groups))
+    for groups in (HOST_GROUPS, IPAM_GROUPS):
+        with store._items(revision, groups) as items:
+            sum(1 for _ in items)
     seconds = time.perf_counter() - started
     store.close()
     return seconds

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import random
 import sys
+import threading
 
 import pytest
 import requests
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from job.config import Config, EtcdEndpoint
-from job.datastores.etcdv3 import READ_SWITCH_INTERVAL, EtcdV3Datastore, Window
+from job.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, RangeAnswer, Window
 from job.retry import RetryPolicy
 from tests.support import calico
 from tests.support.etcd_server import EtcdServer
@@ -136,12 +137,42 @@ def test_the_read_passes_the_interpreter_lock_more_often_only_while_it_runs(etcd
     assert before != READ_SWITCH_INTERVAL
     try:
         revision = store._range(PREFIX.decode(), None, None).header.revision
-        during = [sys.getswitchinterval() for _ in store._items(revision, ((PREFIX.decode(),),))]
+        with store._items(revision, ((PREFIX.decode(),),)) as items:
+            during = [sys.getswitchinterval() for _ in items]
         assert len(during) == 50 and set(during) == {READ_SWITCH_INTERVAL}
         assert sys.getswitchinterval() == before
-        stopped = store._items(revision, ((PREFIX.decode(),),))
-        next(stopped)
-        stopped.close()
+        with store._items(revision, ((PREFIX.decode(),),)) as items:
+            next(items)
         assert sys.getswitchinterval() == before
     finally:
         store.close()
+
+
+def test_the_ipam_pages_are_asked_for_while_the_kubernetes_names_are_awaited(etcd: EtcdServer) -> None:
+    """The read's slowest wait, for the Kubernetes Node list, overlaps etcd serving the first
+    IPAM pages: the names are asked for only once a block page has been."""
+    seed = calico.CalicoSeed()
+    seed.node("a")
+    seed.block("10.9.0.0/26", "a")
+    calico.load(etcd.url, seed.keys)
+    store = EtcdV3Datastore(
+        Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),)), RetryPolicy()
+    )
+    asked = threading.Event()
+    ranged = store._range
+
+    def watched(start: str, *args: object, **kwargs: object) -> RangeAnswer:
+        if start.startswith(BLOCKS):
+            asked.set()
+        return ranged(start, *args, **kwargs)  # type: ignore[arg-type]
+
+    def names() -> set[str]:
+        assert asked.wait(timeout=30), "no block page was asked for while the names were awaited"
+        return {"a"}
+
+    store._range = watched  # type: ignore[method-assign]
+    try:
+        inventory = store.read(names)
+    finally:
+        store.close()
+    assert [h.name for h in inventory.hosts] == ["a"] and [b.cidr for b in inventory.blocks] == ["10.9.0.0/26"]

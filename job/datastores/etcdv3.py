@@ -7,6 +7,7 @@ the shared model, committing turns conditional writes back into etcd transaction
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import ipaddress
 import json
@@ -659,12 +660,14 @@ class EtcdV3Datastore:
                 # Wider by what it missed; after an empty one (a gap in the keys) the rest of the prefix.
                 window = window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs else None
 
+    @contextlib.contextmanager
     def _items(
         self, revision: int, groups: Sequence[tuple[str, ...]], prefix_read: Callable[[str], None] | None = None
-    ) -> Iterator[StoredItem]:
+    ) -> Iterator[Iterator[StoredItem]]:
         """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the
         groups side by side. `prefix_read` is called with each prefix once all its keys are
-        yielded and handled.
+        yielded and handled. The workers start on entry, so that etcd serves the first pages
+        while the caller still waits on something else; they stop on exit.
 
         Within a prefix pages must follow one another; across prefixes they need not, so the
         large prefixes are scanned by their own workers while this thread files the pages: etcd
@@ -693,11 +696,7 @@ class EtcdV3Datastore:
             except BaseException as error:  # handed to the reading thread, which raises it
                 deliver(error)
 
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(READ_SWITCH_INTERVAL)
-        try:
-            for group in groups:
-                threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
+        def items() -> Iterator[StoredItem]:
             running = len(groups)
             while running:
                 page = pages.get()
@@ -711,6 +710,13 @@ class EtcdV3Datastore:
                 else:
                     for kv in page:
                         yield StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value))
+
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(READ_SWITCH_INTERVAL)
+        try:
+            for group in groups:
+                threading.Thread(target=scan_all, args=(group,), name="etcd-scan", daemon=True).start()
+            yield items()
         finally:
             stop.set()
             sys.setswitchinterval(switch_interval)
@@ -734,21 +740,24 @@ class EtcdV3Datastore:
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
         try:
-            for item in self._items(revision, HOST_GROUPS):
-                collect_key(collected, item)
-            names = None if kube_names is None else kube_names()
-            if names is not None:
-                collected.live, collected.k8s_names = liveness(collected, names, self._config), names
-                for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
-                    collected.owned.pop(name, None)  # a live host's: never planned
-                    collected.affinities.pop(name, None)
+            with self._items(revision, HOST_GROUPS) as items:
+                for item in items:
+                    collect_key(collected, item)
 
             def prefix_read(prefix: str) -> None:
                 if prefix == BLOCKS and collected.live is not None:
                     scanning(collected).blocks_read()
 
-            for item in self._items(revision, IPAM_GROUPS, prefix_read):
-                collect_key(collected, item)
+            # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
+            with self._items(revision, IPAM_GROUPS, prefix_read) as items:
+                names = None if kube_names is None else kube_names()
+                if names is not None:
+                    collected.live, collected.k8s_names = liveness(collected, names, self._config), names
+                    for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
+                        collected.owned.pop(name, None)  # a live host's: never planned
+                        collected.affinities.pop(name, None)
+                for item in items:
+                    collect_key(collected, item)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
