@@ -528,16 +528,23 @@ def build_inventory(items: Iterator[StoredItem], revision: Callable[[], int]) ->
     return assemble(collected, revision())
 
 
+def identify(collected: Collected) -> None:
+    """Parse every Calico Node read so far (for liveness and _host, which would parse it again)."""
+    for name, node in collected.nodes.items():
+        if name not in collected.identities:
+            collected.identities[name] = _identity(name, node, collected)
+
+
 def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Callable[[str], bool]:
     """Whether a Calico name is a live host (plan.is_live), once every Calico Node is read."""
+    identify(collected)
     known: dict[str, bool] = {}
     for name, node in collected.nodes.items():
-        identity = _identity(name, node, collected)
+        identity = collected.identities[name]
         known[name] = is_live(identity, k8s_names, config)
         if known[name]:  # a live host's Node is never written: its value is not kept
             collected.nodes[name] = replace(node, value=None)
-            identity = replace(identity, node=collected.nodes[name])
-        collected.identities[name] = identity  # for _host, which would parse the value again
+            collected.identities[name] = replace(identity, node=collected.nodes[name])
 
     def live(name: str) -> bool:
         found = known.get(name)
@@ -750,6 +757,7 @@ class EtcdV3Datastore:
 
             # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
             with self._items(revision, IPAM_GROUPS, prefix_read) as items:
+                identify(collected)  # while the names may still be on their way
                 names = None if kube_names is None else kube_names()
                 if names is not None:
                     collected.live, collected.k8s_names = liveness(collected, names, self._config), names
