@@ -21,6 +21,13 @@ ENV PATH=/venv/bin:$PATH \
 COPY --from=build /venv /venv
 WORKDIR /app
 COPY job/ job/
+# Bytecode for the standard library, the dependencies and the job, made once here: the CronJob's
+# root filesystem is read-only and PYTHONDONTWRITEBYTECODE is set, so without it every run
+# compiled each module it imports from source, ~0.7 s of CPU before its first request.
+# unchecked-hash: the image never changes under it, so no run stats or hashes the sources.
+RUN python -m compileall -q -j 0 --invalidation-mode unchecked-hash \
+      -x '/(test|tests|idlelib|tkinter|turtledemo|lib2to3|ensurepip)/' \
+      "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" /venv /app/job
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin calico-gc
 USER 10001:10001
 ENTRYPOINT ["python", "-m", "job"]

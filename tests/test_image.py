@@ -65,6 +65,40 @@ def report_of(ran: image.Ran) -> dict[str, Any]:
     return document
 
 
+# Every module the job imports, with a source file, whose bytecode is missing or stale: the
+# container would compile it on every run (read-only root, PYTHONDONTWRITEBYTECODE).
+UNCOMPILED = """
+import os, sys
+import job.cli, job.health_reads, job.lease, job.datastores.kdd
+found = []
+for name, module in list(sys.modules.items()):
+    spec = getattr(module, "__spec__", None)
+    if spec is None or not spec.cached or not (spec.origin or "").endswith(".py"):
+        continue
+    try:
+        with open(spec.cached, "rb") as pyc:
+            header = pyc.read(16)
+    except OSError:
+        found.append(name)
+        continue
+    if int.from_bytes(header[4:8], "little") & 1:
+        continue  # hash-based: valid whatever the source's timestamp
+    stat = os.stat(spec.origin)
+    stamp = (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
+    if (int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")) != stamp:
+        found.append(name)
+print(len(found), *sorted(found)[:20])
+"""
+
+
+def test_every_module_the_job_imports_is_shipped_compiled(built: str) -> None:
+    ran = subprocess.run(
+        [*image.RUN, "--rm", "--user", "10001:10001", "--read-only", "--entrypoint", "python", built, "-c", UNCOMPILED],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert ran == ["0"], f"compiled at every run: {' '.join(ran[1:])}"
+
+
 def test_the_image_runs_as_shipped_and_keeps_nothing_of_the_build_host(built: str) -> None:
     script = (
         'echo "$HOME"; id -u; sha256sum /etc/ssl/certs/ca-certificates.crt; '
