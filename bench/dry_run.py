@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import compileall
 import contextlib
 import json
 import os
@@ -174,6 +175,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
     options = parser.parse_args()
+    # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
+    # PYTHONDONTWRITEBYTECODE) would have each run compile the job's modules, ~0.05 s.
+    compileall.compile_dir(Path(__file__).resolve().parent.parent / "job", quiet=1)
     with cluster("calico-gc-bench-", options.hosts - options.orphans) as (etcd, workdir, env):
         started = time.perf_counter()
         keys = load(etcd.url, datastore(options.hosts, options.orphans, options.pods_per_host))
