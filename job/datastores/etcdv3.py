@@ -215,7 +215,7 @@ class _Endpoint(msgspec.Struct, frozen=True):
 _ENDPOINT = msgspec.json.Decoder(_Endpoint)
 
 
-def endpoint_spec(value: str) -> tuple[str, list[str]] | None:
+def endpoint_spec(value: str | bytes) -> tuple[str, list[str]] | None:
     """A workload endpoint's `spec.node` and `spec.ipNetworks`, building nothing else: its
     metadata (pod labels) often outweighs its spec, and there are 20 endpoints to a host. None
     for a value of another shape, which the caller parses whole to say what is wrong with it."""
@@ -316,30 +316,7 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
             return
         collected.handles[handle_id] = IpamHandle(item, handle_id)
     elif key.startswith(WORKLOAD_ENDPOINTS):
-        if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
-            collected.problem("unknown_key", key, "not a workload endpoint key")
-            return
-        typed = endpoint_spec(item.value or "")
-        if typed is not None:
-            node, networks = typed
-        else:
-            spec = _dig(collected.json(item), "spec")
-            node = _dig(spec, "node")
-            if not isinstance(node, str) or not node:
-                if spec is not None:
-                    collected.problem("malformed_value", key, "workload endpoint without spec.node")
-                return
-            listed = _dig(spec, "ipNetworks")
-            networks = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
-        # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
-        ips = tuple(n.split("/", 1)[0] for n in networks)
-        # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
-        node = sys.intern(node)
-        if collected.live is not None:
-            scanning(collected).held_by_endpoints(ips)  # all the leak check needs of an endpoint
-            if collected.live(node):
-                return  # a live host's: never planned
-        collected.endpoints[node].append(WorkloadEndpoint(StoredItem(item.key, item.revision, None), node, ips))
+        collect_endpoint(collected, key, item.revision, item.value or "")
     elif key.startswith(NODES):
         name = key[len(NODES) :]
         if not name or "/" in name:
@@ -383,6 +360,44 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         if rest == "status":
             collected.felix_alive.add(host)
         collected.owned[host].append(item)
+
+
+def collect_raw(collected: Collected, key: str, kv: KeyValue) -> None:
+    """collect_key for a key as etcd v3 answers it. An endpoint's value stays bytes: nothing of
+    it is kept but its node and IPs (100,000 values made text cost 0.1 s)."""
+    if key.startswith(WORKLOAD_ENDPOINTS):
+        collect_endpoint(collected, key, kv.mod_revision, kv.value)
+    else:
+        collect_key(collected, StoredItem(key, kv.mod_revision, _text(kv.value)))
+
+
+def collect_endpoint(collected: Collected, key: str, revision: int, value: str | bytes) -> None:
+    """A workload endpoint filed under its node, as its key, its IPs, and no value."""
+    if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
+        collected.problem("unknown_key", key, "not a workload endpoint key")
+        return
+    typed = endpoint_spec(value)
+    if typed is not None:
+        node, networks = typed
+    else:
+        text = value if isinstance(value, str) else _text(value)
+        spec = _dig(collected.json(StoredItem(key, revision, text)), "spec")
+        node = _dig(spec, "node")
+        if not isinstance(node, str) or not node:
+            if spec is not None:
+                collected.problem("malformed_value", key, "workload endpoint without spec.node")
+            return
+        listed = _dig(spec, "ipNetworks")
+        networks = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
+    # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
+    ips = tuple(n.split("/", 1)[0] for n in networks)
+    # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
+    node = sys.intern(node)
+    if collected.live is not None:
+        scanning(collected).held_by_endpoints(ips)  # all the leak check needs of an endpoint
+        if collected.live(node):
+            return  # a live host's: never planned
+    collected.endpoints[node].append(WorkloadEndpoint(StoredItem(key, revision, None), node, ips))
 
 
 def collect_pool(collected: Collected, item: StoredItem, cidr: Any) -> None:
@@ -669,11 +684,12 @@ class EtcdV3Datastore:
     @contextlib.contextmanager
     def _items(
         self, revision: int, groups: Sequence[tuple[str, ...]], prefix_read: Callable[[str], None] | None = None
-    ) -> Iterator[Iterator[StoredItem]]:
-        """Every key of every prefix at `revision`, each group's prefixes scanned in turn, the
-        groups side by side. `prefix_read` is called with each prefix once all its keys are
-        yielded and handled. The workers start on entry, so that etcd serves the first pages
-        while the caller still waits on something else; they stop on exit.
+    ) -> Iterator[Iterator[tuple[str, KeyValue]]]:
+        """Every key of every prefix at `revision`, as text with its answer, each group's
+        prefixes scanned in turn, the groups side by side. `prefix_read` is called with each
+        prefix once all its keys are yielded and handled. The workers start on entry, so that
+        etcd serves the first pages while the caller still waits on something else; they stop
+        on exit.
 
         Within a prefix pages must follow one another; across prefixes they need not, so the
         large prefixes are scanned by their own workers while this thread files the pages: etcd
@@ -702,7 +718,7 @@ class EtcdV3Datastore:
             except BaseException as error:  # handed to the reading thread, which raises it
                 deliver(error)
 
-        def items() -> Iterator[StoredItem]:
+        def items() -> Iterator[tuple[str, KeyValue]]:
             running = len(groups)
             while running:
                 page = pages.get()
@@ -715,7 +731,7 @@ class EtcdV3Datastore:
                         prefix_read(page)
                 else:
                     for kv in page:
-                        yield StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value))
+                        yield _text(kv.key), kv
 
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(READ_SWITCH_INTERVAL)
@@ -747,8 +763,8 @@ class EtcdV3Datastore:
         gc.disable()
         try:
             with self._items(revision, HOST_GROUPS) as items:
-                for item in items:
-                    collect_key(collected, item)
+                for key, kv in items:
+                    collect_raw(collected, key, kv)
 
             def prefix_read(prefix: str) -> None:
                 if prefix == BLOCKS and collected.live is not None:
@@ -763,8 +779,8 @@ class EtcdV3Datastore:
                     for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
                         collected.owned.pop(name, None)  # a live host's: never planned
                         collected.affinities.pop(name, None)
-                for item in items:
-                    collect_key(collected, item)
+                for key, kv in items:
+                    collect_raw(collected, key, kv)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
