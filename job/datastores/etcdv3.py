@@ -310,11 +310,7 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
     (handles, then endpoints) are tested for first."""
     key = item.key
     if key.startswith(HANDLES):
-        # Parsed only when a release needs it: nearly all handles belong to live pods.
-        handle_id = key[len(HANDLES) :]
-        if collected.live is not None and not _may_write(collected, handle_id, item.value):
-            return
-        collected.handles[handle_id] = IpamHandle(item, handle_id)
+        collect_handle(collected, key, item.revision, item.value, item)
     elif key.startswith(WORKLOAD_ENDPOINTS):
         collect_endpoint(collected, key, item.revision, item.value or "")
     elif key.startswith(NODES):
@@ -363,12 +359,26 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
 
 
 def collect_raw(collected: Collected, key: str, kv: KeyValue) -> None:
-    """collect_key for a key as etcd v3 answers it. An endpoint's value stays bytes: nothing of
-    it is kept but its node and IPs (100,000 values made text cost 0.1 s)."""
-    if key.startswith(WORKLOAD_ENDPOINTS):
+    """collect_key for a key as etcd v3 answers it, making no StoredItem of what is not kept:
+    an endpoint's value stays bytes (nothing of it is kept but its node and IPs), and a handle
+    becomes an item only when a plan may write it (at 5,000 hosts, 200,000 values and items)."""
+    if key.startswith(HANDLES):
+        collect_handle(collected, key, kv.mod_revision, _text(kv.value))
+    elif key.startswith(WORKLOAD_ENDPOINTS):
         collect_endpoint(collected, key, kv.mod_revision, kv.value)
     else:
         collect_key(collected, StoredItem(key, kv.mod_revision, _text(kv.value)))
+
+
+def collect_handle(
+    collected: Collected, key: str, revision: int, value: str | None, item: StoredItem | None = None
+) -> None:
+    """A handle, kept only when a plan may write it (a lean read) and parsed only when a release
+    needs it: nearly all handles belong to live pods."""
+    handle_id = key[len(HANDLES) :]
+    if collected.live is not None and not _may_write(collected, handle_id, value):
+        return
+    collected.handles[handle_id] = IpamHandle(item or StoredItem(key, revision, value), handle_id)
 
 
 def collect_endpoint(collected: Collected, key: str, revision: int, value: str | bytes) -> None:
