@@ -36,7 +36,6 @@ from job.datastores.etcdv3 import (
     PREFIXES,
     EtcdV3Datastore,
     KeyValue,
-    _b64,
     prefix_end,
 )
 from job.retry import RetryPolicy
@@ -51,12 +50,7 @@ def plain_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[list[dict[str, 
     end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
     start, revision = prefix, None
     while True:
-        body: dict[str, object] = {"key": _b64(start), "limit": store._page_size}
-        if end is not None:
-            body["range_end"] = _b64(end)
-        if revision is not None:
-            body["revision"] = revision
-        answer = store._post("/kv/range", body)
+        answer = store._post("/kv/range", store.range_body(start, end, revision))
         revision = revision or int(answer["header"]["revision"])
         kvs = answer.get("kvs", [])
         yield kvs

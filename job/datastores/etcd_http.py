@@ -45,6 +45,17 @@ def _tls_reason(error: requests.exceptions.SSLError) -> str:
     return one_line(text, 120)
 
 
+def _not_etcd(response: requests.Response, url: str, reason: str | None = None) -> _Final:
+    """An answer that is not etcd's: another content type, or JSON of a shape etcd never writes."""
+    kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+    what = f"JSON etcd does not write ({reason})" if reason and kind == "application/json" else kind
+    return _Final(
+        f"{url} answered HTTP {response.status_code} with {what}, not etcd's JSON API; {ENDPOINTS_HINT} "
+        "(a proxy or another service?)",
+        "bad_answer",
+    )
+
+
 class EtcdHttp:
     """Requests to the configured endpoints, the next one after a connection failure."""
 
@@ -97,15 +108,6 @@ class EtcdHttp:
         of json (typed, in one pass); it raises ValueError, with the reason, on one it cannot.
         """
 
-        def not_etcd(response: requests.Response, url: str, reason: str | None = None) -> _Final:
-            kind = response.headers.get("Content-Type", "no content type").split(";")[0]
-            what = f"JSON etcd does not write ({reason})" if reason and kind == "application/json" else kind
-            return _Final(
-                f"{url} answered HTTP {response.status_code} with {what}, not etcd's JSON API; {ENDPOINTS_HINT} "
-                "(a proxy or another service?)",
-                "bad_answer",
-            )
-
         def attempt() -> tuple[int, Any]:
             url = self._endpoints[self._current] + path
             try:
@@ -123,11 +125,11 @@ class EtcdHttp:
                 try:
                     return response.status_code, decode(body)
                 except ValueError as error:
-                    raise not_etcd(response, url, one_line(str(error))) from None
+                    raise _not_etcd(response, url, one_line(str(error))) from None
             try:
                 parsed = json.loads(body)
             except ValueError:  # UnicodeDecodeError included
-                raise not_etcd(response, url) from None
+                raise _not_etcd(response, url) from None
             if response.status_code in expect:
                 return response.status_code, parsed
             message = one_line(

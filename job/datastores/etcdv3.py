@@ -292,7 +292,7 @@ class Collected:
     scan: BlockScan | None = None
     wanted: set[str] = field(default_factory=set)  # handles of allocations no live host owns
     named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
-    identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (liveness)
+    identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (identify)
 
     def problem(self, kind: str, key: str, message: str) -> None:
         self.problems.append(DataProblem(kind, key, message))
@@ -310,7 +310,7 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
     (handles, then endpoints) are tested for first."""
     key = item.key
     if key.startswith(HANDLES):
-        collect_handle(collected, key, item.revision, item.value, item)
+        collect_handle(collected, key, item.revision, item.value)
     elif key.startswith(WORKLOAD_ENDPOINTS):
         collect_endpoint(collected, key, item.revision, item.value or "")
     elif key.startswith(NODES):
@@ -370,15 +370,13 @@ def collect_raw(collected: Collected, key: str, kv: KeyValue) -> None:
         collect_key(collected, StoredItem(key, kv.mod_revision, _text(kv.value)))
 
 
-def collect_handle(
-    collected: Collected, key: str, revision: int, value: str | None, item: StoredItem | None = None
-) -> None:
+def collect_handle(collected: Collected, key: str, revision: int, value: str | None) -> None:
     """A handle, kept only when a plan may write it (a lean read) and parsed only when a release
     needs it: nearly all handles belong to live pods."""
     handle_id = key[len(HANDLES) :]
     if collected.live is not None and not _may_write(collected, handle_id, value):
         return
-    collected.handles[handle_id] = IpamHandle(item or StoredItem(key, revision, value), handle_id)
+    collected.handles[handle_id] = IpamHandle(StoredItem(key, revision, value), handle_id)
 
 
 def collect_endpoint(collected: Collected, key: str, revision: int, value: str | bytes) -> None:
@@ -639,14 +637,21 @@ class EtcdV3Datastore:
         assert isinstance(answer, dict)
         return answer
 
-    def _range(
+    def range_body(
         self, start: str, end: str | None, revision: int | None, limit: int = 0, keys_only: bool = False
-    ) -> RangeAnswer:
+    ) -> dict[str, Any]:
+        """A range request: keys from `start` to `end` (None: `start` alone) at `revision` (None: now)."""
         body: dict[str, Any] = {"key": _b64(start), "limit": limit or self._page_size, "keys_only": keys_only}
         if end is not None:
             body["range_end"] = _b64(end)
         if revision is not None:
             body["revision"] = revision
+        return body
+
+    def _range(
+        self, start: str, end: str | None, revision: int | None, limit: int = 0, keys_only: bool = False
+    ) -> RangeAnswer:
+        body = self.range_body(start, end, revision, limit, keys_only)
         _, answer = self._http.request("POST", self._path("/kv/range"), json_body=body, decode=range_answer)
         assert isinstance(answer, RangeAnswer)
         return answer
