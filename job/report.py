@@ -76,6 +76,7 @@ def _host(decision: HostDecision) -> dict[str, Any]:
         "k8s_node": host.k8s_node,
         "ipv4": host.ipv4,
         "ipv6": host.ipv6,
+        "tunnel_ips": list(host.tunnel_ips),
         "action": str(decision.action),
         "reason": decision.reason,
         "orphaned_since": timestamp(decision.orphaned_since),

@@ -4,6 +4,7 @@ as orphans (reason `no_calico_node`) under the same guards, grace and re-checks 
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -145,3 +146,48 @@ def test_etcd_v2_after_a_hand_deleted_host_tree_the_ipam_and_bgp_leftovers_go(ha
     assert '"affinity": null' in lending or '"affinity":null' in lending
     assert f"/calico/v1/host/{LIVE[0]}/metadata" in after
     assert calico.ipam_problems({k: v for k, (v, _) in after.items()}) == []
+
+
+def test_etcd_v2_a_hand_deleted_hosts_tunnel_ip_goes_with_it_and_a_live_hosts_never(harness: Harness) -> None:
+    """Calico 2.6 allocated the IPIP address without a handle, and only the host's own
+    config/IpInIpTunnelAddr named it, which the hand clean-up deleted. A handle-less allocation in a
+    block still affine to the dead name, that no host's tunnel key names and no endpoint holds, is
+    its tunnel IP: shown by the dry run, released with it. One that a live host names, or that an
+    endpoint holds, stays."""
+    from tests.support.calico2 import LIVE, ORPHAN, _session, kops_18_cluster
+
+    seed, k8s = kops_18_cluster()
+    seed.allocate("100.96.20.2", None)  # a live host's tunnel IP, in the dead host's block
+    seed.put(f"/calico/v1/host/{LIVE[0]}/config/IpInIpTunnelAddr", "100.96.20.2")
+    seed.allocate("100.96.20.3", None)  # held by a live workload endpoint
+    seed.put(
+        f"/calico/v1/host/{LIVE[1]}/workload/k8s/shop.odd/endpoint/eth0",
+        json.dumps({"state": "active", "ipv4_nets": ["100.96.20.3/32"], "ipv6_nets": []}),
+    )
+    lonely = "ip-10-0-2-21.ec2.internal"  # a second dead host whose block holds only its tunnel IP
+    seed.block("100.96.21.0/26", lonely)
+    seed.host(lonely, "10.0.2.21", tunnel_ip="100.96.21.1")
+    seed.load(harness.etcd.url)
+    for name, ip in k8s:
+        harness.kubeapi.add_node(name, ip)
+    for dead in (ORPHAN, lonely):  # the seed incident's script: the host tree, nothing else
+        _session().delete(
+            f"{harness.etcd.url}/v2/keys/calico/v1/host/{dead}", params={"recursive": "true"}, timeout=10
+        ).raise_for_status()
+    dry, _ = harness.run(harness.config(datastore_type="etcdv2"))
+    assert hosts_by_name(dry)[ORPHAN]["tunnel_ips"] == ["100.96.20.1"], "the dry run shows the IP before it goes"
+    assert hosts_by_name(dry)[lonely]["tunnel_ips"] == ["100.96.21.1"]
+    block_key = "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"
+    change = next(c for c in hosts_by_name(dry)[ORPHAN]["changes"] if c["key"] == block_key)
+    assert json.loads(change["before"])["allocations"][1] is not None
+    assert json.loads(change["after"])["allocations"][1] is None
+
+    report, code = harness.run(harness.config(datastore_type="etcdv2", apply=True))
+    assert code == 0 and {hosts_by_name(report)[h]["action"] for h in (ORPHAN, lonely)} == {"deleted"}
+    after = calico2.dump(harness.etcd.url)
+    assert "/calico/ipam/v2/assignment/ipv4/block/100.96.21.0-26" not in after, "emptied by its tunnel IP: deleted"
+    shared = json.loads(after[block_key][0])
+    assert shared["affinity"] is None and shared["allocations"][1] is None and 1 in shared["unallocated"]
+    assert shared["allocations"][2] is not None, "a live host's tunnel IP is never touched"
+    assert shared["allocations"][3] is not None, "an IP an endpoint holds is never touched"
+    assert shared["allocations"][9] is not None, "the live pod keeps its IP"

@@ -9,7 +9,8 @@ order, and a failed compare stops the step so that the planner decides again fro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -24,7 +25,8 @@ from job.datastores.etcdv3 import (
     k8s_node_name,
     unregistered_names,
 )
-from job.model import CREATE, CalicoHost, ClusterInfo, Inventory, Step, StoredItem, WorkloadEndpoint, Write
+from job.ipam import address_in, block_data
+from job.model import CREATE, CalicoHost, ClusterInfo, Inventory, IpamBlock, Step, StoredItem, WorkloadEndpoint, Write
 from job.retry import RetryPolicy
 
 HOSTS = "/calico/v1/host/"
@@ -73,12 +75,35 @@ def _host_directories(name: str, keys: list[str]) -> tuple[StoredItem, ...]:
     return tuple(StoredItem(d, 0, "") for d in sorted(found, key=lambda d: (-d.count("/"), d)))
 
 
+def orphan_tunnel_ips(name: str, blocks: Iterable[IpamBlock], spoken_for: Set[str]) -> tuple[str, ...]:
+    """The IPIP tunnel address a Calico 2.6 host left in its own blocks, proven from the data alone
+    (docs/calico-data.md, "IPAM-only hosts"): calico-node allocated it without a handle, and only the
+    host's `config/IpInIpTunnelAddr` named it, which a hand-run clean-up deleted with the host tree.
+    So a handle-less allocation in a block whose affinity still names `name`, that no host's tunnel
+    key names and no workload endpoint holds (`spoken_for`), is this host's."""
+    found = []
+    for block in blocks:
+        if block.affine_host != name or block.item.value is None:
+            continue
+        data = block_data(block)
+        attributes = data.get("attributes") or []
+        ip_of = address_in(block.cidr)
+        for ordinal, index in enumerate(data["allocations"]):
+            if index is None or attributes[index].get("handle_id") or block.owners.get(ordinal) is not None:
+                continue
+            ip = ip_of(ordinal)
+            if ip not in spoken_for:
+                found.append(ip)
+    return tuple(found)
+
+
 def _unregistered_host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost:
     """Data under a name with no `metadata` or `orchestrator_refs` (docs/calico-data.md,
     "IPAM-only hosts"): what a hand-run clean-up that deleted only `/calico/v1/host/<name>/metadata`
     leaves (its IPAM, endpoints, BGP and Felix keys), or a run that died before pruning the empty
     directories. Its keys go, then its directories, deepest first; nothing written meanwhile is
-    lost, since `dir=true` cannot delete a directory that holds a key."""
+    lost, since `dir=true` cannot delete a directory that holds a key. Its tunnel IP is found once
+    every host is known (orphan_tunnel_ips)."""
     keys = sorted((item for item in tree if item.value is not None), key=lambda i: i.key)
     endpoints = [e for e in map(partial(_endpoint, name, collected), keys) if e is not None]
     owned = [item for item in keys if not any(e.item is item for e in endpoints)]
@@ -142,6 +167,12 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
     registered = {host.name for host in hosts}
     for name in sorted(unregistered_names(collected, registered) | set(leftovers) - registered):
         hosts.append(_unregistered_host(name, leftovers.get(name, []), collected))
+    # A tunnel IP some host's key names, or an IP some workload endpoint holds: never a dead host's tunnel.
+    spoken_for = {ip for host in hosts for ip in host.tunnel_ips}
+    spoken_for |= {ip for host in hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
+    for number, host in enumerate(hosts):
+        if not host.registered:
+            hosts[number] = replace(host, tunnel_ips=orphan_tunnel_ips(host.name, collected.blocks, spoken_for))
     return Inventory(
         hosts=tuple(hosts),
         blocks=tuple(collected.blocks),
