@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast lint demo run bench bench-scale bench-churn image lock clean
+.PHONY: help install test test-fast lint demo run bench bench-scale bench-churn bench-kdd image lock clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
 	@echo "make bench-scale  the same at 15,000 hosts"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
+	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply"
 	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -69,6 +70,9 @@ bench-scale: $(STAMP)
 
 bench-churn: $(STAMP)
 	$(BIN)/python -m bench.churn
+
+bench-kdd: $(STAMP)
+	$(BIN)/python -m bench.kdd
 
 # requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
 lock: $(STAMP)

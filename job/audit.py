@@ -46,8 +46,8 @@ class BlockScan:
 
     Leak candidates are found in three moves, so that no set of every endpoint IP is needed: `add`
     marks, per block, the ordinals that name a pod on a live node (leaks.pod_attribution);
-    `held_by_endpoints` clears those any workload endpoint holds; `attribute` turns what is left
-    into `pod_ips`, parsing only those blocks."""
+    `held_by_endpoints` clears those any workload endpoint holds (in the Kubernetes datastore, any
+    listed pod); `attribute` turns what is left into `pod_ips`, parsing only those blocks."""
 
     live_nodes: Set[str] = frozenset()
     calico2: bool = False
@@ -58,6 +58,7 @@ class BlockScan:
     dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
     unheld: dict[str, int] = field(default_factory=dict)  # cidr -> bits of the ordinals above
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
+    attributed: bool = False  # `pod_ips` is made (attribute): what the bits say is final
     _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
@@ -114,6 +115,7 @@ class BlockScan:
 
     def attribute(self, blocks: Iterable[IpamBlock]) -> None:
         """`pod_ips` from the ordinals no endpoint holds, in these blocks (those `unheld` names)."""
+        self.attributed = True
         for block in blocks:
             bits = self.unheld.get(block.cidr, 0)
             if not bits:
@@ -138,14 +140,17 @@ def scan_blocks(
     endpoint_ips: Iterable[str],
     handles: Container[str],
     calico2: bool,
+    attribute: bool = True,
 ) -> BlockScan:
-    """One pass over every block (BlockScan.add), and the leak candidates."""
+    """One pass over every block (BlockScan.add), and the leak candidates, unless more endpoints
+    (the pods, `attribute` False) are still to clear their IPs."""
     scan = BlockScan(live_nodes, calico2)
     for block in blocks:
         scan.add(block.cidr, block_data(block), handles)
     scan.blocks_read()
     scan.held_by_endpoints(endpoint_ips)
-    scan.attribute(blocks)
+    if attribute:
+        scan.attribute(blocks)
     return scan
 
 

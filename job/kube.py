@@ -1,18 +1,21 @@
 """Every call this job makes to the Kubernetes API, through the official client.
 
 Responses are read as plain JSON (`_preload_content=False`): faster than model objects for
-thousands of nodes, and tolerant of fields newer than the client.
+thousands of nodes, and tolerant of fields newer than the client. The large lists (pods, Calico's
+IPAM resources) are decoded typed, page by page (`list_all` with a `page` decoder): msgspec skips
+every field the job does not name (`managedFields`, most of a pod) without building it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import structlog
 import urllib3
 from kubernetes import client as k8s
@@ -30,6 +33,66 @@ RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
 REQUEST_TIMEOUT_S = 30
+# Host-network pods hold their node's IP, never a Calico one: the leak check does not list them.
+POD_NETWORK_PODS = "spec.hostNetwork=false"
+Page = Callable[[bytes], tuple[Sequence[Any], str | None]]  # a list page's items and continue token
+
+
+class _ListMeta(msgspec.Struct, frozen=True):
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class _PodMeta(msgspec.Struct, frozen=True):
+    name: str = ""
+    namespace: str = ""
+
+
+class _PodSpec(msgspec.Struct, frozen=True):
+    nodeName: str | None = None  # the API's names
+
+
+class _PodIP(msgspec.Struct, frozen=True):
+    ip: str | None = None
+
+
+class _PodStatus(msgspec.Struct, frozen=True):
+    podIP: str | None = None
+    podIPs: list[_PodIP] | None = None
+
+
+class _Pod(msgspec.Struct, frozen=True):
+    metadata: _PodMeta = _PodMeta()
+    spec: _PodSpec = _PodSpec()
+    status: _PodStatus = _PodStatus()
+
+
+class _PodList(msgspec.Struct, frozen=True):
+    metadata: _ListMeta = _ListMeta()
+    items: list[_Pod] | None = None
+
+
+def typed_page(kind: type[msgspec.Struct]) -> Page:
+    """A page decoder for a list whose `items` and `metadata.continue` are those of `kind`."""
+    decoder = msgspec.json.Decoder(kind)
+
+    def decode(raw: bytes) -> tuple[Sequence[Any], str | None]:
+        try:
+            page: Any = decoder.decode(raw)
+        except msgspec.DecodeError as error:
+            raise ValueError(str(error)) from None
+        return page.items or (), page.metadata.continue_ or None
+
+    return decode
+
+
+def _json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
+    page = json.loads(raw)
+    if not isinstance(page, dict) or not isinstance(page.get("items") or [], list):
+        raise ValueError("not a list")
+    return page.get("items") or (), (page.get("metadata") or {}).get("continue") or None
+
+
+_POD_PAGE = typed_page(_PodList)
 
 
 class KubeError(Exception):
@@ -182,7 +245,17 @@ class Kube:
         body: dict[str, Any] | None = None,
         retry: bool = True,
     ) -> str:
-        def attempt() -> str:
+        return self.request_bytes(method, path, query, body, retry).decode(errors="replace")
+
+    def request_bytes(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+        retry: bool = True,
+    ) -> bytes:
+        def attempt() -> bytes:
             headers = {"Accept": "application/json, */*"}
             if body is not None:
                 headers["Content-Type"] = "application/json"
@@ -200,24 +273,40 @@ class Kube:
             raw: bytes = response.read()
             if not 200 <= response.status <= 299:
                 raise ApiException.from_response(http_resp=response, body=raw.decode(errors="replace"), data=None)
-            return raw.decode(errors="replace")
+            return raw
 
         try:
             return self._retry.call(attempt, is_transient) if retry else attempt()
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             raise self._failure(method, path, error) from error
 
-    def list_all(self, path: str, parse: Callable[[dict[str, Any]], T], query: dict[str, Any] | None = None) -> list[T]:
+    def list_all(
+        self,
+        path: str,
+        parse: Callable[[Any], T | None],
+        query: dict[str, Any] | None = None,
+        page: Page = _json_page,
+    ) -> list[T]:
         """Every item of a collection, paged, each parsed as its page arrives (a page of full Pod
-        objects is large; what is kept of them is small). A 410 (expired continue) restarts it."""
+        objects is large; what is kept of them is small; `parse` returning None keeps nothing).
+        `page` decodes a page (default: JSON objects). A 410 (expired continue) restarts it, so
+        `parse` may see an item twice."""
         for _ in range(MAX_LIST_RESTARTS):
             items: list[T] = []
             token: str | None = None
             try:
                 while True:
-                    page = self.request("GET", path, {**(query or {}), "limit": self._page_size, "continue": token})
-                    items.extend(parse(item) for item in page.get("items") or [])
-                    token = (page.get("metadata") or {}).get("continue") or None
+                    query_now = {**(query or {}), "limit": self._page_size, "continue": token}
+                    raw = self.request_bytes("GET", path, query_now)
+                    try:
+                        listed, token = page(raw)
+                    except ValueError as error:
+                        raise KubeError(
+                            f"GET {path}: {self.host} answered with something that is not a Kubernetes list "
+                            f"({one_line(str(error), 80)}); is it the API server, or a proxy in between?",
+                            kind="bad_answer",
+                        ) from None
+                    items.extend(kept for kept in map(parse, listed) if kept is not None)
                     if token is None:
                         return items
             except KubeError as error:
@@ -231,9 +320,19 @@ class Kube:
         return tuple(self.list_all("/api/v1/nodes", _kube_node))
 
     def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None:
-        """Every Pod, page by page, handed to `take` as (namespace, name) and where it runs: only
-        what the caller keeps of them stays in memory."""
-        self.list_all("/api/v1/pods", lambda item: take(_pod_key(item), _pod_info(item)))
+        """Every Pod on the pod network, page by page, handed to `take` as (namespace, name) and
+        where it runs: a pod is decoded as those few fields, nothing else of it is built, and
+        only what the caller keeps stays in memory. Host-network pods are left out by the API
+        server itself (POD_NETWORK_PODS). The list asks for the most recent state (no
+        resourceVersion): a pod that existed when the caller began is in it."""
+
+        def one(pod: _Pod) -> None:
+            ips = [entry.ip for entry in pod.status.podIPs or () if entry.ip]
+            if not ips and pod.status.podIP:
+                ips = [pod.status.podIP]
+            take((pod.metadata.namespace, pod.metadata.name), PodInfo(pod.spec.nodeName, tuple(ips)))
+
+        self.list_all("/api/v1/pods", one, {"fieldSelector": POD_NETWORK_PODS}, _POD_PAGE)
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         """A fresh GET of one Pod; None only on 404."""

@@ -144,6 +144,9 @@ class Inventory:
     # may write (stale ones, tunnel handles, those of allocations no live host owns, those of
     # leaked IPs); and a block no plan edits or counts in has no value (`item.value` None).
     scan: BlockScan | None = None
+    # The Kubernetes datastore: the workload endpoints are the pods themselves, so the leak check
+    # clears the scan's bits with the listed pods' IPs before it names what is left.
+    pods_are_endpoints: bool = False
 
 
 @dataclass(frozen=True, slots=True)

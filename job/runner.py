@@ -14,14 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum
-from functools import partial
 from typing import Any, Protocol
 
 import structlog
 
 from job import __version__
 from job.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values
-from job.audit import ipam_audit, scan_blocks, with_outcomes
+from job.audit import BlockScan, ipam_audit, scan_blocks, with_outcomes
 from job.config import Config, effective
 from job.datastores.base import Datastore, DatastoreError
 from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
@@ -30,7 +29,7 @@ from job.keep import KeepError, worth_keeping
 from job.kube import KubeError
 from job.leaks import Allocation, plan_leaks, settle
 from job.metrics import push
-from job.model import Action, KubeNode, PodInfo
+from job.model import Action, IpamBlock, KubeNode, PodInfo
 from job.plan import plan_run
 from job.report import Befores, RunRecord, build
 from job.state import Loaded, StateError, StateStore
@@ -230,19 +229,37 @@ def _read_kubernetes(
 
 
 def _leaked(
-    candidates: dict[tuple[str, str], list[Allocation]], deps: Dependencies, record: RunRecord
+    scan: BlockScan, blocks: Sequence[IpamBlock], deps: Dependencies, record: RunRecord
 ) -> list[Allocation] | None:
-    """The pod IPs (`candidates`, from the blocks) that no listed pod holds; None when the pods
-    could not be listed. The pods are listed after the blocks were read: an IP allocated since is
-    not in what was read, and a pod exists before its IP is allocated, so a new pod never looks
-    leaked."""
+    """The pod IPs the blocks name that no listed pod holds; None when the pods could not be
+    listed. The pods are listed after the blocks were read: an IP allocated since is not in what
+    was read, and a pod exists before its IP is allocated, so a new pod never looks leaked.
+
+    Where the endpoints named the candidates already (`scan.attributed`), each listed pod settles
+    those of its name. Where the pods are the endpoints (Kubernetes datastore), each pod clears the
+    bits of the IPs it holds, and only a pod still without an IP is kept, to settle by name the
+    few candidates left: memory follows leaks, not pods."""
+    starting: dict[tuple[str, str], PodInfo] = {}
+
+    def take(key: tuple[str, str], pod: PodInfo) -> None:
+        if scan.attributed:
+            settle(scan.pod_ips, key, pod)
+        elif pod.ips:
+            scan.held_by_endpoints(pod.ips)
+        else:
+            starting[key] = pod
+
     try:
-        deps.nodes.each_pod(partial(settle, candidates))
+        deps.nodes.each_pod(take)
     except KubeError as error:
         log.warning("pods_not_listed", error=str(error))
         record.error("unreadable", f"pods could not be listed, so leaked pod IPs are not checked: {error}")
         return None
-    return [allocation for allocations in candidates.values() for allocation in allocations]
+    if not scan.attributed:
+        scan.attribute(blocks)
+        for key, pod in starting.items():
+            settle(scan.pod_ips, key, pod)
+    return [allocation for allocations in scan.pod_ips.values() for allocation in allocations]
 
 
 def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> bool:
@@ -297,17 +314,22 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if scan is None:
         endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
         calico2 = deps.datastore.type == "etcdv2"
-        scan = scan_blocks(inventory.blocks, live_names, endpoint_ips, inventory.handles, calico2)
+        attribute = not inventory.pods_are_endpoints
+        scan = scan_blocks(inventory.blocks, live_names, endpoint_ips, inventory.handles, calico2, attribute)
     stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
     started = time.perf_counter()
-    leaked = _leaked(scan.pod_ips, deps, record)
+    leaked = _leaked(scan, inventory.blocks, deps, record)
     timings["pods_list"] = time.perf_counter() - started
+    handles = inventory.handles
+    if leaked:  # a lean read keeps no handle of a live pod: a leaked one is read now
+        unread = {a.handle for a in leaked} - set(handles)
+        handles = {**handles, **deps.datastore.handles(sorted(unread))} if unread else handles
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
     leak_plan = None
     if leaked is not None:
         blocks = {block.cidr: block for block in inventory.blocks}
-        leak_plan = plan_leaks(leaked, blocks, inventory.handles, grace_state, now, config, busy)
+        leak_plan = plan_leaks(leaked, blocks, handles, grace_state, now, config, busy)
     sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
     record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan)
     record.health = diagnose(

@@ -297,3 +297,77 @@ def test_dual_stack_pools_are_audited_and_the_gone_nodes_ipv6_block_goes_too(har
     left = snapshot(harness.kubeapi)
     assert "ipamblocks/fd00-96---40-122" not in left and "ipamblocks/fd00-96---122" in left
     assert not any(GONE in key for key in left)
+
+
+def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness, monkeypatch: Any) -> None:
+    """Told the Node names, the read keeps of live nodes only what the block scan counts, and only
+    the handles a plan may write; every decision, the audit and the leak plan are still those of
+    the full read. Garbage of every kind: a stale handle, an allocation without a handle, a leak
+    whose handle is as Calico writes it (so the lean read drops it and it is read when needed), a
+    pod still starting, and the gone node's IPAM."""
+    from job.datastores.kdd import KddDatastore
+
+    seed_kdd(harness.kubeapi)
+    block = copy.deepcopy(harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26"))
+    assert block is not None
+    spec = block["spec"]
+    for ordinal, pod in ((20, "lost"), (21, "starting")):  # lost: its handle is gone; starting: no IP yet
+        spec["attributes"].append(
+            {"handle_id": f"k8s-pod-network.{pod}", "secondary": {"node": LIVE_A, "namespace": "default", "pod": pod}}
+        )
+        spec["allocations"][ordinal] = len(spec["attributes"]) - 1
+        spec["unallocated"].remove(ordinal)
+    harness.kubeapi.put(f"{CRD}/ipamblocks", block)
+    harness.kubeapi.put(
+        f"{CRD}/ipamhandles",
+        {
+            "metadata": {"name": "k8s-pod-network.starting"},
+            "spec": {"handleID": "k8s-pod-network.starting", "block": {"100.96.1.0/26": 1}, "deleted": False},
+        },
+    )
+    harness.kubeapi.put(
+        "/api/v1/namespaces/default/pods",
+        {"metadata": {"name": "starting", "namespace": "default"}, "spec": {"nodeName": LIVE_A}, "status": {}},
+    )
+    harness.kubeapi.put(  # counts nothing and no block holds anything for it
+        f"{CRD}/ipamhandles",
+        {"metadata": {"name": "k8s-pod-network.empty"}, "spec": {"handleID": "k8s-pod-network.empty", "block": {}}},
+    )
+    web_a = copy.deepcopy(harness.kubeapi.get(f"{CRD}/ipamhandles", "k8s-pod-network.web-a"))
+    assert web_a is not None
+    web_a["spec"]["block"]["100.96.1.0/26"] = 2  # counts one more than its block holds
+    harness.kubeapi.put(f"{CRD}/ipamhandles", web_a)
+    config = kdd(harness, release_leaked_ips=True, max_deletions=50)
+    lean, _ = harness.run(config)
+    audit = lean["audit"]
+    stale = [e["handle"] for e in audit["stale_handles"]["sample"]]
+    assert stale == ["k8s-pod-network.stale", "k8s-pod-network.web-a"]
+    assert [e["handle"] for e in audit["dangling_allocations"]["sample"]] == ["k8s-pod-network.lost"]
+    assert sorted(e["pod"] for e in audit["leaked_ips"]["sample"]) == ["default/ghost", "default/lost"]
+    assert "k8s-pod-network.empty" in audit["handles_without_allocations"]["sample"]
+
+    kube_names_given: list[bool] = []
+    read = KddDatastore.read
+
+    def full_read(self: KddDatastore, kube_names: Any = None) -> Any:
+        kube_names_given.append(kube_names is not None)
+        inventory = read(self, None)
+        assert inventory.scan is None and len(inventory.handles) > len(lean_handles)
+        return inventory
+
+    lean_handles = _lean_handles(harness, read)
+    assert "k8s-pod-network.ghost" not in lean_handles, "as Calico writes it: not kept"
+    monkeypatch.setattr(KddDatastore, "read", full_read)
+    full, _ = harness.run(config)
+    assert kube_names_given == [True]
+    for part in ("summary", "hosts", "conflicts", "errors", "audit"):
+        assert lean[part] == full[part], part
+
+
+def _lean_handles(harness: Harness, read: Any) -> set[str]:
+    from job.datastores.kdd import KddDatastore
+    from job.kube import Kube, api_client
+
+    config = kdd(harness)
+    store = KddDatastore(Kube(api_client(config), harness.retry))
+    return set(read(store, lambda: {LIVE_A, LIVE_B}).handles)

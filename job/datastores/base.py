@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Protocol
 
-from job.model import Inventory, Step, StoredItem
+from job.model import Inventory, IpamHandle, Step, StoredItem
 
 
 class DatastoreError(Exception):
@@ -44,6 +44,10 @@ class Datastore(Protocol):
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         """Exact keys as they are now, with the revision to compare on; absent keys are left out.
         (A restore reads only the keys a kept report names.)"""
+        ...
+
+    def handles(self, ids: Iterable[str]) -> dict[str, IpamHandle]:
+        """IPAM handles by id as they are now (those a lean read did not keep: a leaked IP's)."""
         ...
 
     def commit(self, step: Step) -> int:

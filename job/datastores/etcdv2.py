@@ -26,7 +26,18 @@ from job.datastores.etcdv3 import (
     unregistered_names,
 )
 from job.ipam import address_in, block_data
-from job.model import CREATE, CalicoHost, ClusterInfo, Inventory, IpamBlock, Step, StoredItem, WorkloadEndpoint, Write
+from job.model import (
+    CREATE,
+    CalicoHost,
+    ClusterInfo,
+    Inventory,
+    IpamBlock,
+    IpamHandle,
+    Step,
+    StoredItem,
+    WorkloadEndpoint,
+    Write,
+)
 from job.retry import RetryPolicy
 
 HOSTS = "/calico/v1/host/"
@@ -267,6 +278,10 @@ class EtcdV2Datastore:
             if node is not None and not node.get("dir"):
                 found[key] = StoredItem(key, int(node["modifiedIndex"]), node.get("value", ""))
         return found
+
+    def handles(self, ids: Iterable[str]) -> dict[str, IpamHandle]:
+        found = self.current([f"/calico/ipam/v2/handle/{handle_id}" for handle_id in ids])
+        return {key.rsplit("/", 1)[1]: IpamHandle(item, key.rsplit("/", 1)[1]) for key, item in found.items()}
 
     def commit(self, step: Step) -> int:
         """Each write conditional on its prevIndex, in order; stop at the first failed compare."""

@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -864,6 +864,10 @@ class EtcdV3Datastore:
 
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         return self._at(keys, None)
+
+    def handles(self, ids: Iterable[str]) -> dict[str, IpamHandle]:
+        found = self._at([HANDLES + handle_id for handle_id in ids], None)
+        return {key[len(HANDLES) :]: IpamHandle(item, key[len(HANDLES) :]) for key, item in found.items()}
 
     def commit(self, step: Step) -> int:
         # An absent key's mod_revision compares as 0 (CREATE): a create is "still absent".

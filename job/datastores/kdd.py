@@ -8,6 +8,13 @@ to. Writes mirror Calico's: updates carry the resourceVersion read; an empty blo
 marked `deleted: true` and then deleted with uid and resourceVersion preconditions; an affinity
 goes to `pendingDeletion` before it is deleted. A 409 means someone wrote meanwhile: the step
 stops and the planner decides again from a fresh read.
+
+At size (5,000 nodes, 100,000 pods and handles) the read is lean, as on etcd v3: the small lists
+name the hosts, then the blocks are listed and scanned for the IPAM check (`audit.BlockScan`),
+then the handles, each kept only when a plan may write it. Every list is decoded typed, page by
+page: `managedFields` and the rest of an object's metadata beyond what a write must send back are
+never built. The pods are the workload endpoints here: the leak check clears the scan's bits with
+the listed pods' IPs (runner, `Inventory.pods_are_endpoints`).
 """
 
 from __future__ import annotations
@@ -15,12 +22,16 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections import defaultdict
-from collections.abc import Callable, Sequence, Set
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence, Set
+from functools import partial
+from typing import Any, TypeVar
 
+import msgspec
+
+from job.audit import BlockScan, find_dangling
 from job.datastores.base import DatastoreError, DatastoreMismatch
-from job.ipam import block_shape_problem, summarize_block
-from job.kube import Kube, KubeError
+from job.ipam import block_shape_problem, summarize_block, tunnel_handle_node
+from job.kube import Kube, KubeError, typed_page
 from job.model import (
     CREATE,
     BlockAffinity,
@@ -50,10 +61,71 @@ KINDS = {
     "caliconodestatuses": "CalicoNodeStatus",
 }
 KUBE_CONTROLLERS_NAMESPACES = ("kube-system", "calico-system")
+T = TypeVar("T")
 
 
 def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+class _Meta(msgspec.Struct, omit_defaults=True):
+    """ObjectMeta as a write must send it back, without `managedFields` (often most of an object)."""
+
+    name: str = ""
+    namespace: str | None = None
+    uid: str | None = None
+    resourceVersion: str = ""  # the API's names
+    generation: int | None = None
+    creationTimestamp: str | None = None
+    deletionTimestamp: str | None = None
+    deletionGracePeriodSeconds: int | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    finalizers: list[str] | None = None
+    ownerReferences: list[dict[str, Any]] | None = None
+    generateName: str | None = None
+
+
+class _Object(msgspec.Struct):
+    apiVersion: str = ""
+    kind: str = ""
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: msgspec.Raw = msgspec.Raw(b"null")
+    status: msgspec.Raw | None = None
+
+
+class _ListMeta(msgspec.Struct):
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class _List(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_Object] | None = None
+
+
+class _HandleSpec(msgspec.Struct):
+    """What the read judges a handle by; a handle of another shape is parsed whole instead."""
+
+    handleID: str
+    block: dict[str, int] = {}
+    deleted: bool = False
+
+
+_PAGE = typed_page(_List)
+_HANDLE_SPEC = msgspec.json.Decoder(_HandleSpec)
+
+
+def _meta(metadata: _Meta) -> dict[str, Any]:
+    return msgspec.to_builtins(metadata)  # type: ignore[no-any-return]
+
+
+def _whole(obj: _Object) -> dict[str, Any]:
+    """An object as the job keeps it: everything but `managedFields`."""
+    whole: dict[str, Any] = {"apiVersion": obj.apiVersion, "kind": obj.kind, "metadata": _meta(obj.metadata)}
+    whole["spec"] = msgspec.json.decode(obj.spec)
+    if obj.status is not None:
+        whole["status"] = msgspec.json.decode(obj.status)
+    return whole
 
 
 class KddDatastore:
@@ -66,9 +138,14 @@ class KddDatastore:
     def describe(self) -> dict[str, object]:
         return {"type": self.type, "endpoints": [self._kube.host]}
 
-    def _list(self, plural: str, problems: list[DataProblem], required: bool = True) -> list[dict[str, Any]]:
+    def _list(
+        self, plural: str, problems: list[DataProblem], keep: Callable[[_Object], T | None], required: bool = True
+    ) -> list[T]:
+        """Every object of a Calico resource, page by page, each turned by `keep` into what is kept
+        of it as it arrives (None: nothing). An `_Object`'s raw spec points into its page, so no
+        `_Object` outlives its page."""
         try:
-            return self._kube.list_all(f"{GROUP}/{plural}", lambda obj: obj)
+            return self._kube.list_all(f"{GROUP}/{plural}", keep, page=_PAGE)
         except KubeError as error:
             if error.status == 404 and plural == BLOCKS:
                 # Every Calico on this datastore has IPAM blocks: their CRD missing means another one.
@@ -78,75 +155,85 @@ class KddDatastore:
                 ) from error
             if error.status == 404:  # a CRD that older Calico versions do not have: nothing of that kind
                 return []
-            if required:
-                raise DatastoreError(f"listing {plural} failed: {error}") from error
+            if required or error.kind == "bad_answer":
+                raise DatastoreError(f"listing {plural} failed: {error}", error.kind) from error
             problems.append(DataProblem("unreadable", plural, f"not read: {error}"))
             return []
 
     def _item(
         self, plural: str, obj: dict[str, Any], problems: list[DataProblem], value: Any = None
     ) -> StoredItem | None:
-        metadata = obj.get("metadata") or {}
+        """A whole object read by GET (a restore, a re-read), as the list path keeps it."""
+        metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+        return self._stored(plural, metadata, {**obj, "metadata": metadata} if value is None else value, problems)
+
+    def _stored(
+        self, plural: str, metadata: dict[str, Any], value: Any, problems: list[DataProblem]
+    ) -> StoredItem | None:
         key = f"{plural}/{metadata.get('name', '')}"
         try:
             revision = int(metadata.get("resourceVersion", ""))
         except ValueError:
             problems.append(DataProblem("unknown_key", key, "resourceVersion is not a number; not touched"))
             return None
-        self._metadata[key] = {k: v for k, v in metadata.items() if k != "managedFields"}
-        return StoredItem(key, revision, _dump(obj if value is None else value))
+        self._metadata[key] = metadata
+        return StoredItem(key, revision, _dump(value))
+
+    def _listed(self, plural: str, obj: _Object, problems: list[DataProblem]) -> StoredItem | None:
+        """A listed object as an item: its spec (blocks, handles) or the whole object, minus managedFields."""
+        value = msgspec.json.decode(obj.spec) if plural in SPEC_VALUED else _whole(obj)
+        return self._stored(plural, _meta(obj.metadata), value, problems)
 
     def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
-        """Everything; `kube_names` (see Datastore.read) is not used here yet."""
+        """Told the Kubernetes Node names, the read is lean (module docstring): of live nodes only
+        what the block scan counts is kept, and of the handles only those a plan may write."""
         problems: list[DataProblem] = []
         self._metadata.clear()
         owned: dict[str, list[StoredItem]] = defaultdict(list)
         affinities: dict[str, list[BlockAffinity]] = defaultdict(list)
-        blocks, malformed = [], []
-        for obj in self._list(BLOCKS, problems):
-            spec = obj.get("spec") or {}
-            # A tombstone (`deleted: true`) is a deletion its writer did not finish. Calico's own
-            # readers treat it as gone, but while it exists its CIDR cannot be claimed again, so it
-            # is kept here as a block: an orphan's is finished like any other empty block of it.
-            try:
-                cidr = str(ipaddress.ip_network(str(spec.get("cidr"))))
-            except ValueError:
-                problems.append(DataProblem("malformed_value", f"{BLOCKS}/{obj['metadata']['name']}", "bad cidr"))
-                continue
-            problem = block_shape_problem(spec, cidr)
-            item = self._item(BLOCKS, obj, problems, value=spec)
-            if problem is not None or item is None:
-                malformed.append(cidr)
-                if problem:
-                    problems.append(DataProblem("malformed_value", f"{BLOCKS}/{obj['metadata']['name']}", problem))
-                continue
-            affine_host, owners = summarize_block(spec)
-            blocks.append(IpamBlock(item, cidr, affine_host, owners))
-        for obj in self._list(AFFINITIES, problems):
-            spec = obj.get("spec") or {}
-            item = self._item(AFFINITIES, obj, problems)
-            node, block_cidr = spec.get("node"), spec.get("cidr")
+
+        def affinity(obj: _Object) -> None:
+            spec = msgspec.json.decode(obj.spec)
+            node, block_cidr = (spec.get("node"), spec.get("cidr")) if isinstance(spec, dict) else (None, None)
+            item = self._listed(AFFINITIES, obj, problems)
             if item is not None and isinstance(node, str) and isinstance(block_cidr, str):
                 network = ipaddress.ip_network(block_cidr, strict=False)
                 affinities[node].append(BlockAffinity(item, node, str(network)))
-        handles = {}
-        for obj in self._list(HANDLES, problems):
-            spec = obj.get("spec") or {}
-            item = self._item(HANDLES, obj, problems, value=spec)
-            if item is not None and isinstance(spec.get("handleID"), str):
-                handles[spec["handleID"]] = IpamHandle(item, spec["handleID"])
+
+        def node_config(plural: str, obj: _Object) -> None:
+            name = obj.metadata.name
+            item = self._listed(plural, obj, problems)
+            if item is not None and name.startswith("node."):
+                owned[name[len("node.") :]].append(item)
+
+        def node_bound(plural: str, obj: _Object) -> None:
+            spec = msgspec.json.decode(obj.spec)
+            node = spec.get("node") if isinstance(spec, dict) else None
+            item = self._listed(plural, obj, problems)
+            if item is not None and isinstance(node, str) and node:
+                owned[node].append(item)  # peers selecting nodes by nodeSelector are global: kept
+
+        self._list(AFFINITIES, problems, affinity)
         for plural in NODE_CONFIGS:
-            for obj in self._list(plural, problems, required=False):
-                name = obj["metadata"]["name"]
-                item = self._item(plural, obj, problems)
-                if item is not None and name.startswith("node."):
-                    owned[name[len("node.") :]].append(item)
+            self._list(plural, problems, partial(node_config, plural), required=False)
         for plural in NODE_BOUND:
-            for obj in self._list(plural, problems, required=False):
-                node = (obj.get("spec") or {}).get("node")
-                item = self._item(plural, obj, problems)
-                if item is not None and isinstance(node, str) and node:
-                    owned[node].append(item)  # peers selecting nodes by nodeSelector are global: kept
+            self._list(plural, problems, partial(node_bound, plural), required=False)
+        cluster, pools, kube_controllers = self._cluster(problems), self._pools(problems), self._kube_controllers()
+        blocks, malformed = self._blocks(problems)
+        scan: BlockScan | None = None
+        live: Callable[[str], bool] = lambda _: False  # noqa: E731
+        if kube_names is not None:
+            names = kube_names()
+            live = names.__contains__
+            scan, wanted = self._scan(blocks, names)
+            seen: set[int] = set()
+            handles = self._handles(problems, partial(self._may_write, scan, wanted, seen))
+            missing = scan.held.hashes() - seen  # allocations whose handle was not listed
+            if missing:
+                needed = scan.held.cidrs(missing)
+                scan.dangling = find_dangling((b for b in blocks if b.cidr in needed), missing)
+        else:
+            handles = self._handles(problems, lambda _id, _spec: True)
         named = set(owned) | set(affinities) | {b.affine_host for b in blocks if b.affine_host}
         named |= {owner for b in blocks for owner in b.owners.values() if owner}
         hosts = tuple(
@@ -154,8 +241,9 @@ class KddDatastore:
                 name,
                 None,
                 name,
-                affinities=tuple(sorted(affinities.get(name, ()), key=lambda a: a.item.key)),
-                owned=tuple(sorted(owned.get(name, ()), key=lambda i: i.key)),
+                # A live node is never planned: a lean read keeps nothing of it.
+                affinities=() if live(name) else tuple(sorted(affinities.get(name, ()), key=lambda a: a.item.key)),
+                owned=() if live(name) else tuple(sorted(owned.get(name, ()), key=lambda i: i.key)),
             )
             for name in sorted(named)
         )
@@ -165,22 +253,107 @@ class KddDatastore:
             handles=handles,
             malformed_blocks=tuple(malformed),
             hosts_registered=False,
-            cluster=self._cluster(problems),
+            cluster=cluster,
             problems=tuple(sorted(problems, key=lambda p: (p.key, p.kind))),
-            pools=self._pools(problems),
-            kube_controllers=self._kube_controllers(),
+            pools=pools,
+            kube_controllers=kube_controllers,
+            scan=scan,
+            pods_are_endpoints=True,
         )
 
+    def _blocks(self, problems: list[DataProblem]) -> tuple[list[IpamBlock], list[str]]:
+        """Every block, its shape checked and summarised (blocks follow nodes, not pods: all kept)."""
+        malformed: list[str] = []
+
+        def block(obj: _Object) -> IpamBlock | None:
+            key = f"{BLOCKS}/{obj.metadata.name}"
+            spec = msgspec.json.decode(obj.spec)
+            # A tombstone (`deleted: true`) is a deletion its writer did not finish. Calico's own
+            # readers treat it as gone, but while it exists its CIDR cannot be claimed again, so it
+            # is kept here as a block: an orphan's is finished like any other empty block of it.
+            try:
+                cidr = str(ipaddress.ip_network(str(spec.get("cidr") if isinstance(spec, dict) else None)))
+            except ValueError:
+                problems.append(DataProblem("malformed_value", key, "bad cidr"))
+                return None
+            problem = block_shape_problem(spec, cidr)
+            item = self._stored(BLOCKS, _meta(obj.metadata), spec, problems)
+            if problem is not None or item is None:
+                malformed.append(cidr)
+                if problem:
+                    problems.append(DataProblem("malformed_value", key, problem))
+                return None
+            affine_host, owners = summarize_block(spec)
+            return IpamBlock(item, cidr, affine_host, owners)
+
+        blocks = self._list(BLOCKS, problems, block)
+        return blocks, malformed
+
+    @staticmethod
+    def _scan(blocks: Iterable[IpamBlock], names: Set[str]) -> tuple[BlockScan, set[str]]:
+        """The IPAM check's pass over every block, and the handles of allocations no live node owns
+        (a plan may write those)."""
+        scan, wanted = BlockScan(names), set()
+        for block in blocks:
+            data = json.loads(block.item.value or "")
+            scan.add(block.cidr, data)
+            attributes = data.get("attributes") or []
+            for ordinal, owner in block.owners.items():
+                if owner is None or owner not in names:
+                    handle = attributes[data["allocations"][ordinal]].get("handle_id")
+                    if isinstance(handle, str) and handle:
+                        wanted.add(handle)
+        scan.blocks_read()
+        return scan, wanted
+
+    def _handles(
+        self, problems: list[DataProblem], keep: Callable[[str, _HandleSpec], bool]
+    ) -> dict[str, IpamHandle]:
+        handles: dict[str, IpamHandle] = {}
+
+        def one(obj: _Object) -> None:
+            try:
+                typed = _HANDLE_SPEC.decode(obj.spec)
+            except msgspec.DecodeError:
+                typed = None  # another shape: kept, for the planner to say what is wrong with it
+            if typed is not None and not keep(typed.handleID, typed):
+                return
+            spec = msgspec.json.decode(obj.spec)
+            item = self._stored(HANDLES, _meta(obj.metadata), spec, problems)
+            handle_id = spec.get("handleID") if isinstance(spec, dict) else None
+            if item is not None and isinstance(handle_id, str):
+                handles[handle_id] = IpamHandle(item, handle_id)
+
+        self._list(HANDLES, problems, one)
+        return handles
+
+    @staticmethod
+    def _may_write(scan: BlockScan, wanted: Set[str], seen: set[int], handle_id: str, spec: _HandleSpec) -> bool:
+        """Whether a plan may write this handle, so that a lean read keeps it: it counts other than
+        what the blocks hold (stale, holding nothing, a tombstone), counts an allocation no live
+        node owns, or is the tunnel handle of a node that is not live."""
+        held = handle_id in scan.held
+        if held:
+            seen.add(hash(handle_id))
+        if spec.deleted or not held or scan.held.counts(handle_id) != spec.block:
+            return True
+        node = tunnel_handle_node(handle_id)
+        return handle_id in wanted or (node is not None and node not in scan.live_nodes)
+
     def _cluster(self, problems: list[DataProblem]) -> ClusterInfo:
-        for obj in self._list("clusterinformations", problems, required=False):
-            if obj["metadata"]["name"] == "default":
-                spec = obj.get("spec") or {}
+        def spec_of_default(obj: _Object) -> Any:
+            return msgspec.json.decode(obj.spec) if obj.metadata.name == "default" else None
+
+        for spec in self._list("clusterinformations", problems, spec_of_default, required=False):
+            if isinstance(spec, dict):
                 ready = spec.get("datastoreReady")
-                return ClusterInfo(spec.get("clusterGUID"), ready if isinstance(ready, bool) else None)
+                guid = spec.get("clusterGUID")
+                return ClusterInfo(guid if isinstance(guid, str) else None, ready if isinstance(ready, bool) else None)
         return ClusterInfo()
 
     def _pools(self, problems: list[DataProblem]) -> tuple[str, ...]:
-        cidrs = [(obj.get("spec") or {}).get("cidr") for obj in self._list("ippools", problems, required=False)]
+        specs = self._list("ippools", problems, lambda obj: msgspec.json.decode(obj.spec), required=False)
+        cidrs = [spec.get("cidr") for spec in specs if isinstance(spec, dict)]
         return tuple(sorted(c for c in cidrs if isinstance(c, str)))
 
     def _kube_controllers(self) -> dict[str, object]:
@@ -216,6 +389,11 @@ class KddDatastore:
             return self._kube.request("GET", path)
         except KubeError:
             return None  # absent or not allowed: reported as unknown
+
+    def handles(self, ids: Iterable[str]) -> dict[str, IpamHandle]:
+        """Handles by id as they are now; Calico names an IPAMHandle by its id in lower case."""
+        by_key = {f"{HANDLES}/{handle_id.lower()}": handle_id for handle_id in ids}
+        return {by_key[key]: IpamHandle(item, by_key[key]) for key, item in self.current(sorted(by_key)).items()}
 
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
         found = {}

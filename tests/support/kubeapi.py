@@ -3,15 +3,22 @@
 It serves any resource by URL shape (`/api/v1/...`, `/apis/<group>/<version>/...`, cluster
 or namespaced), with the real JSON shapes: lists with `limit`/`continue` paging and 410 for an
 expired token, `Status` bodies, resourceVersion on every write and 409 on a stale one, 404 and
-AlreadyExists. Faults (any status, e.g. 429/5xx/403) and hooks are injected per method and path.
+AlreadyExists. Every object written gets what the real server assigns: `uid`,
+`creationTimestamp`, `resourceVersion`, `generation` (raised when its spec changes) and a
+`managedFields` entry of its writer, listing each field it set. Lists validate their options as
+the real server does (`resourceVersionMatch` needs `resourceVersion`, neither goes with
+`continue`) and pods take the real field selectors. Faults (any status, e.g. 429/5xx/403) and
+hooks are injected per method and path.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import json
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Callable
@@ -34,6 +41,20 @@ REASONS = {
     503: "ServiceUnavailable",
 }
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's (or Secret's) data
+# The fields the real server lets pods be selected by (pkg/registry/core/pod: PodToSelectableFields).
+POD_FIELDS = {
+    "metadata.name": lambda p: p["metadata"].get("name", ""),
+    "metadata.namespace": lambda p: p["metadata"].get("namespace", ""),
+    "spec.nodeName": lambda p: (p.get("spec") or {}).get("nodeName", ""),
+    "spec.hostNetwork": lambda p: str(bool((p.get("spec") or {}).get("hostNetwork"))).lower(),
+    "spec.restartPolicy": lambda p: (p.get("spec") or {}).get("restartPolicy", ""),
+    "spec.schedulerName": lambda p: (p.get("spec") or {}).get("schedulerName", ""),
+    "spec.serviceAccountName": lambda p: (p.get("spec") or {}).get("serviceAccountName", ""),
+    "status.phase": lambda p: (p.get("status") or {}).get("phase", ""),
+    "status.podIP": lambda p: ((p.get("status") or {}).get("podIPs") or [{}])[0].get("ip", ""),
+    "status.nominatedNodeName": lambda p: (p.get("status") or {}).get("nominatedNodeName", ""),
+}
+SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
@@ -57,6 +78,31 @@ class Hook:
     path: re.Pattern[str]
     action: Callable[[], None]
     times: int
+
+
+def fields_v1(value: Any) -> dict[str, Any]:
+    """The `fieldsV1` set of what a writer set, as the real server records it: `f:<name>` per map
+    key (with `.` for the map itself), `k:{"name":...}` for list items keyed by name."""
+    if isinstance(value, dict):
+        return {".": {}, **{f"f:{k}": fields_v1(v) for k, v in value.items()}}
+    if isinstance(value, list) and value and all(isinstance(i, dict) and "name" in i for i in value):
+        return {".": {}, **{"k:" + json.dumps({"name": i["name"]}, separators=(",", ":")): fields_v1(i) for i in value}}
+    return {}
+
+
+def managed_entry(obj: dict[str, Any], manager: str, operation: str, when: str) -> dict[str, Any]:
+    metadata = {k: v for k, v in obj.get("metadata", {}).items() if k not in (*SERVER_FIELDS, "name", "namespace")}
+    owned = {f"f:{k}": fields_v1(v) for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    if metadata:
+        owned["f:metadata"] = {f"f:{k}": fields_v1(v) for k, v in metadata.items()}
+    return {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": obj.get("apiVersion", "v1"),
+        "time": when,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": owned,
+    }
 
 
 def status_body(code: int, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -89,7 +135,13 @@ class KubeApiServer:
     kill: Callable[[], None] = lambda: None
     # (verb, resource, name) that RBAC refuses this client; SelfSubjectAccessReviews answer so.
     denied: set[tuple[str, str, str]] = field(default_factory=set)
+    # Benchmarks: keep each object's JSON as it is written and build list pages from it, as the
+    # real server serves lists from its watch cache. Objects must then not be changed in place.
+    cache_lists: bool = False
+    _encoded: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    _listings: dict[str, tuple[tuple[int, int], list[tuple[str, str, str]]]] = field(default_factory=dict)
     _revision: int = 100
+    _manager: str = "calico-gc-tests"  # the field manager of the request being served
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
 
@@ -126,13 +178,26 @@ class KubeApiServer:
 
     # Seeding and inspection
 
-    def put(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def put(self, collection: str, obj: dict[str, Any], manager: str = "calico-gc-tests") -> dict[str, Any]:
+        """Store a created or replaced object with the metadata the real server assigns."""
         with self._lock:
             metadata = obj.setdefault("metadata", {})
-            metadata.setdefault("uid", str(uuid.uuid4()))
-            metadata.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            current = self.objects.get(collection, {}).get(metadata.get("name"))
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            old = (current or {}).get("metadata") or {}
+            metadata.setdefault("uid", old.get("uid") or str(uuid.uuid4()))
+            metadata.setdefault("creationTimestamp", old.get("creationTimestamp") or now)
+            generation = int(old.get("generation") or 0)
+            if current is None or current.get("spec") != obj.get("spec"):
+                generation += 1
+            metadata["generation"] = generation
+            entries = [e for e in old.get("managedFields") or [] if e.get("manager") != manager]
+            entry = managed_entry(obj, manager, "Update", now)
+            metadata["managedFields"] = [*entries, entry]
             metadata["resourceVersion"] = self._next_revision()
             self.objects.setdefault(collection, {})[metadata["name"]] = obj
+            if self.cache_lists:
+                self._encoded[(collection, metadata["name"])] = json.dumps(obj).encode()
             return obj
 
     def get(self, collection: str, name: str) -> dict[str, Any] | None:
@@ -187,6 +252,8 @@ class KubeApiServer:
     def delete_node(self, name: str) -> None:
         with self._lock:
             self.objects.get("/api/v1/nodes", {}).pop(name, None)
+            self._encoded.pop(("/api/v1/nodes", name), None)
+            self._next_revision()
 
     def fail(self, method: str, path: str, status: int, times: int = 1, body: dict[str, Any] | None = None) -> None:
         """Answer the next `times` matching requests with `status` instead of serving them."""
@@ -206,7 +273,9 @@ class KubeApiServer:
         self._revision += 1
         return str(self._revision)
 
-    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str] | None:
+    def handle(
+        self, method: str, raw_path: str, body: bytes, agent: str = ""
+    ) -> tuple[int, dict[str, Any] | str | bytes] | None:
         """The answer, or None to drop the connection unanswered (the client was killed)."""
         path = urlsplit(raw_path).path
         action = None
@@ -224,13 +293,14 @@ class KubeApiServer:
             current = self.get(route.group("collection"), route.group("name")) if route else None
             if current is not None:
                 self.put(route.group("collection"), current)  # type: ignore[union-attr]
+        self._manager = _manager(agent)
         answer = self._handle(method, raw_path, body)
         if action == "kill_after":
             self.kill()
             return None
         return answer
 
-    def _handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str]:
+    def _handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str | bytes]:
         parts = urlsplit(raw_path)
         with self._lock:
             self.requests.append((method, parts.path))
@@ -269,21 +339,12 @@ class KubeApiServer:
         name: str | None,
         query: dict[str, str],
         payload: dict[str, Any],
-    ) -> tuple[int, dict[str, Any]]:
+    ) -> tuple[int, Any]:
         items = self.objects.setdefault(collection, {})
         kind = KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
         if method == "GET" and name is None:
-            if not items and "/namespaces/" not in collection:
-                # A namespaced resource listed across namespaces (GET /api/v1/pods): all of them.
-                api = collection.rsplit("/", 1)[0]
-                items = {
-                    f"{c.split('/namespaces/')[1].split('/')[0]}/{n}": obj
-                    for c, objects in self.objects.items()
-                    if c.startswith(f"{api}/namespaces/") and c.endswith(f"/{plural}")
-                    for n, obj in objects.items()
-                }
-            return self._list(items, kind, query)
+            return self._list(self._listing(collection, plural), kind, query, plural)
         if method in ("POST", "PUT") and plural in ("configmaps", "secrets"):
             size = sum(len(str(v)) for v in (payload.get("data") or {}).values())
             size += sum(len(base64.b64decode(v)) for v in (payload.get("binaryData") or {}).values())
@@ -302,8 +363,9 @@ class KubeApiServer:
                 return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it
                 return 500, status_body(500, "resourceVersion should not be set on objects to be created")
-            metadata.pop("uid", None)  # the server assigns identity on create, whatever was sent
-            return 201, self.put(collection, payload)
+            for server_field in SERVER_FIELDS:  # the server assigns these on create, whatever was sent
+                metadata.pop(server_field, None)
+            return 201, self.put(collection, payload, self._manager)
         if name is None:
             return 405, status_body(405, "method not allowed")
         current = items.get(name)
@@ -322,7 +384,9 @@ class KubeApiServer:
                     details,
                 )
             payload["metadata"]["uid"] = current["metadata"]["uid"]
-            return 200, self.put(collection, payload)
+            for server_field in ("creationTimestamp", "generation", "managedFields"):
+                payload["metadata"].pop(server_field, None)
+            return 200, self.put(collection, payload, self._manager)
         if method == "DELETE":
             preconditions = payload.get("preconditions") or {}
             for field in ("uid", "resourceVersion"):
@@ -335,6 +399,8 @@ class KubeApiServer:
                         details,
                     )
             del items[name]
+            self._encoded.pop((collection, name), None)
+            self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
             return 200, current
         return 405, status_body(405, "method not allowed")
 
@@ -353,13 +419,50 @@ class KubeApiServer:
         lines = text.splitlines()[-int(query.get("tailLines") or 10**9) :]
         return 200, "\n".join(lines) + "\n"
 
-    def _list(self, items: dict[str, dict[str, Any]], kind: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        wanted = dict(pair.split("=", 1) for pair in query.get("labelSelector", "").split(",") if "=" in pair)
-        names = sorted(
-            n for n in items if all((items[n]["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
-        )
-        start = 0
+    def _listing(self, collection: str, plural: str) -> list[tuple[str, str, str]]:
+        """The collection's objects as (list key, collection, name), sorted by key; a namespaced
+        resource listed across namespaces (GET /api/v1/pods) has all of them, keyed ns/name.
+        Made once per revision: a list of 100,000 pods is 200 pages."""
+        if "/namespaces/" in collection or self.objects.get(collection):
+            sources = {collection: ""}
+        else:
+            api = collection.rsplit("/", 1)[0]
+            sources = {
+                c: c.split("/namespaces/")[1].split("/")[0] + "/"
+                for c in self.objects
+                if c.startswith(f"{api}/namespaces/") and c.endswith(f"/{plural}")
+            }
+        # Tests also add or drop objects in `objects` directly: the count is part of the key.
+        version = (self._revision, sum(len(self.objects.get(c, {})) for c in sources))
+        cached = self._listings.get(collection)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        found = sorted((space + n, c, n) for c, space in sources.items() for n in self.objects.get(c, {}))
+        self._listings[collection] = (version, found)
+        return found
+
+    def _list(
+        self, listing: list[tuple[str, str, str]], kind: str, query: dict[str, str], plural: str
+    ) -> tuple[int, Any]:
         token = query.get("continue")
+        version, match = query.get("resourceVersion"), query.get("resourceVersionMatch")
+        if match and not version:  # as the real server validates list options
+            return 400, status_body(400, "resourceVersionMatch is forbidden unless resourceVersion is provided")
+        if token and (match or version not in (None, "", "0")):
+            return 400, status_body(400, "specifying resource version is not allowed when using continue")
+        wanted = dict(pair.split("=", 1) for pair in query.get("labelSelector", "").split(",") if "=" in pair)
+        try:
+            fields = _field_selector(query.get("fieldSelector", ""), plural)
+        except ValueError as error:
+            return 400, status_body(400, str(error))
+
+        def selected(obj: dict[str, Any]) -> bool:
+            labels = obj["metadata"].get("labels") or {}
+            return all(labels.get(k) == v for k, v in wanted.items()) and all(
+                (POD_FIELDS[f](obj) == v) == equal for f, equal, v in fields
+            )
+
+        start = 0
         if token:
             try:
                 last = json.loads(base64.urlsafe_b64decode(token))["last"]
@@ -372,29 +475,72 @@ class KubeApiServer:
                     "consistent list result. You can start a new list without the "
                     "continue parameter.",
                 )
-            start = next((i for i, n in enumerate(names) if n > last), len(names))
-        limit = int(query.get("limit") or 0) or len(names)
-        page = names[start : start + limit]
+            start = bisect.bisect_right(listing, (last, "\uffff", "\uffff"))
+        limit = int(query.get("limit") or 0) or len(listing)
+        page: list[tuple[str, str, str]] = []
+        position, more = start, False
+        while position < len(listing):
+            entry = listing[position]
+            position += 1
+            obj = self.objects.get(entry[1], {}).get(entry[2])
+            if obj is not None and selected(obj):
+                if len(page) == limit:
+                    more = True
+                    break
+                page.append(entry)
         metadata: dict[str, Any] = {"resourceVersion": str(self._revision)}
-        if start + limit < len(names):
-            metadata["continue"] = base64.urlsafe_b64encode(json.dumps({"last": page[-1]}).encode()).decode()
-            metadata["remainingItemCount"] = len(names) - start - limit
-        return 200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata, "items": [items[n] for n in page]}
+        if more:
+            metadata["continue"] = base64.urlsafe_b64encode(json.dumps({"last": page[-1][0]}).encode()).decode()
+            if not wanted and not fields:  # as the real server: unknown under a selector
+                metadata["remainingItemCount"] = len(listing) - position + 1
+        head = {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata}
+        if not self.cache_lists:
+            return 200, {**head, "items": [self.objects[c][n] for _, c, n in page]}
+        encoded = [self._encoded.get((c, n)) or json.dumps(self.objects[c][n]).encode() for _, c, n in page]
+        return 200, json.dumps(head).encode()[:-1] + b', "items": [' + b", ".join(encoded) + b"]}"
+
+
+def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
+    """`a=b,c!=d` as (field, equal, value); only the fields the real server supports (pods)."""
+    found = []
+    for term in filter(None, text.split(",")):
+        negated = "!=" in term
+        name, _, value = term.partition("!=" if negated else "=")
+        name, value = name.strip(), value.lstrip("=").strip()
+        if plural != "pods" or name not in POD_FIELDS:
+            raise ValueError(f'"{name}" is not a known field selector: only "metadata.name", "metadata.namespace"')
+        found.append((name, not negated, value))
+    return found
+
+
+def _manager(agent: str) -> str:
+    """The field manager the real server records for a request: its User-Agent's program name."""
+    return agent.split("/", 1)[0] or "unknown"
 
 
 def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def setup(self) -> None:
+            super().setup()
+            # Headers and body go out in two writes: without this, Nagle's algorithm and the
+            # client's delayed ACK hold every answer back ~40 ms.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
         def _respond(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            answer = api.handle(self.command, self.path, self.rfile.read(length) if length else b"")
+            body = self.rfile.read(length) if length else b""
+            answer = api.handle(self.command, self.path, body, self.headers.get("User-Agent") or "")
             if answer is None:
                 self.close_connection = True
                 return
             status, body = answer
             text = isinstance(body, str)
-            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            if isinstance(body, bytes):
+                data = body
+            else:
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "text/plain" if text else "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -1,0 +1,533 @@
+"""`make bench-kdd`: the Kubernetes datastore at fleet size, built through the API test server's
+create endpoints as a real cluster is (every object gets uid, resourceVersion, generation and a
+managedFields entry from the server): 5,000 Nodes with 20 pods each (100,000 Pods with a
+realistic spec and status, 105,000 IPAMHandles, 5,000 IPAMBlocks and BlockAffinities), then 250
+Nodes deleted, spread through the fleet.
+
+Prints, as medians with their spread over the runs (alternated, so that drifting load hits all
+alike): the job's dry run with every orphan planned (wall time and peak RSS, as a process), one
+plain paged read of the same lists with the same client (page 500, each page parsed as JSON,
+nothing kept), `kubectl get --raw` of the same lists, paged, and the ratios (goal: at most 1.2 to
+the plain read; peak at most 200 MB). Then what 20,000 more pods on live nodes add to the peak
+(goal: at most 10 MB), and the apply: the 250 orphans' IPAM deleted, timed, with its peak, and
+checked: no block, affinity or handle names a deleted node, and every live pod's handle and
+allocation is unchanged. Only loopback traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bench.dry_run import run_job, spread
+from job.config import Config
+from job.kube import Kube, api_client
+from job.retry import RetryPolicy
+from tests.support.kubeapi import KubeApiServer
+
+CRD = "/apis/crd.projectcalico.org/v1"
+# What one run lists, in the job's order: the Calico lists, then the Nodes and the pods.
+LISTS = (
+    f"{CRD}/blockaffinities",
+    f"{CRD}/felixconfigurations",
+    f"{CRD}/bgpconfigurations",
+    f"{CRD}/bgppeers",
+    f"{CRD}/hostendpoints",
+    f"{CRD}/caliconodestatuses",
+    f"{CRD}/clusterinformations",
+    f"{CRD}/ippools",
+    f"{CRD}/ipamblocks",
+    f"{CRD}/ipamhandles",
+    "/api/v1/nodes",
+    "/api/v1/pods",
+)
+PAGE = 500
+NAMESPACES = 10
+
+
+def node_name(index: int) -> str:
+    return f"ip-10-{index // 250}-{index % 250}-10.ec2.internal"
+
+
+def block_cidr(index: int) -> str:
+    return f"100.{64 + index // 256}.{index % 256}.0/26"
+
+
+def pod_ip(index: int, pod: int) -> str:
+    return f"100.{64 + index // 256}.{index % 256}.{pod + 2}"
+
+
+def pod_handle(index: int, pod: int) -> str:
+    return f"k8s-pod-network.{index:06x}{pod:06x}{'c0ffee' * 9}"[:80]
+
+
+def pod_object(index: int, pod: int) -> dict[str, Any]:
+    """A Deployment's pod as the kubelet reports it running: ~7 KB with its managedFields."""
+    namespace, app = f"team-{pod % NAMESPACES}", f"app-{pod}"
+    name = f"{app}-7d9c8b6f5d-{index:05d}"
+    ip, node = pod_ip(index, pod), node_name(index)
+    started = "2026-11-30T08:00:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "generateName": f"{app}-7d9c8b6f5d-",
+            "namespace": namespace,
+            "labels": {"app": app, "pod-template-hash": "7d9c8b6f5d", "team": namespace, "tier": "backend"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": started, "prometheus.io/scrape": "true"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"{app}-7d9c8b6f5d",
+                    "uid": f"0f1e2d3c-4b5a-6978-8796-{index:06x}{pod:06x}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": app,
+                    "image": f"registry.example.com/{namespace}/{app}:1.{pod}.3",
+                    "imagePullPolicy": "IfNotPresent",
+                    "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                    "env": [
+                        {
+                            "name": "POD_NAME",
+                            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+                        },
+                        {
+                            "name": "POD_IP",
+                            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+                        },
+                        {"name": "LOG_LEVEL", "value": "info"},
+                        {"name": "UPSTREAM", "value": f"http://api.{namespace}.svc.cluster.local:8080"},
+                    ],
+                    "resources": {"limits": {"memory": "512Mi"}, "requests": {"cpu": "100m", "memory": "256Mi"}},
+                    "livenessProbe": {
+                        "httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"},
+                        "periodSeconds": 10,
+                        "timeoutSeconds": 1,
+                        "successThreshold": 1,
+                        "failureThreshold": 3,
+                    },
+                    "readinessProbe": {
+                        "httpGet": {"path": "/ready", "port": "http", "scheme": "HTTP"},
+                        "periodSeconds": 5,
+                        "timeoutSeconds": 1,
+                        "successThreshold": 1,
+                        "failureThreshold": 3,
+                    },
+                    "volumeMounts": [
+                        {"name": "config", "mountPath": "/etc/app", "readOnly": True},
+                        {
+                            "name": "kube-api-access-x7k2p",
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                            "readOnly": True,
+                        },
+                    ],
+                    "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                }
+            ],
+            "dnsPolicy": "ClusterFirst",
+            "enableServiceLinks": True,
+            "nodeName": node,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0,
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "securityContext": {"fsGroup": 2000},
+            "serviceAccount": "default",
+            "serviceAccountName": "default",
+            "terminationGracePeriodSeconds": 30,
+            "tolerations": [
+                {
+                    "effect": "NoExecute",
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "tolerationSeconds": 300,
+                },
+                {
+                    "effect": "NoExecute",
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "tolerationSeconds": 300,
+                },
+            ],
+            "volumes": [
+                {"name": "config", "configMap": {"name": f"{app}-config", "defaultMode": 420}},
+                {
+                    "name": "kube-api-access-x7k2p",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                            {
+                                "downwardAPI": {
+                                    "items": [
+                                        {
+                                            "path": "namespace",
+                                            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                        }
+                                    ]
+                                }
+                            },
+                        ],
+                    },
+                },
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": started}
+                for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ],
+            "containerStatuses": [
+                {
+                    "name": app,
+                    "image": f"registry.example.com/{namespace}/{app}:1.{pod}.3",
+                    "imageID": f"registry.example.com/{namespace}/{app}@sha256:{'ab' * 32}",
+                    "containerID": f"containerd://{'cd' * 32}",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": started}},
+                    "lastState": {},
+                }
+            ],
+            "hostIP": f"10.{index // 250}.{index % 250}.10",
+            "hostIPs": [{"ip": f"10.{index // 250}.{index % 250}.10"}],
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "qosClass": "Burstable",
+            "startTime": started,
+        },
+    }
+
+
+def ipam_objects(index: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A node's block (its tunnel IP and its pods' IPs), the block's affinity, and the handles."""
+    node, cidr = node_name(index), block_cidr(index)
+    attributes: list[dict[str, Any]] = [
+        {"handle_id": f"ipip-tunnel-addr-{node}", "secondary": {"node": node, "type": "ipipTunnelAddress"}}
+    ]
+    allocations: list[int | None] = [None] * 64
+    allocations[1] = 0
+    for pod in range(pods):
+        obj = pod_object(index, pod)
+        secondary = {"namespace": obj["metadata"]["namespace"], "node": node, "pod": obj["metadata"]["name"]}
+        attributes.append({"handle_id": pod_handle(index, pod), "secondary": secondary})
+        allocations[pod + 2] = len(attributes) - 1
+    name = cidr.replace(".", "-").replace("/", "-")
+    yield (
+        f"{CRD}/ipamblocks",
+        {
+            "apiVersion": "crd.projectcalico.org/v1",
+            "kind": "IPAMBlock",
+            "metadata": {"name": name},
+            "spec": {
+                "cidr": cidr,
+                "affinity": f"host:{node}",
+                "allocations": allocations,
+                "unallocated": [o for o, a in enumerate(allocations) if a is None],
+                "attributes": attributes,
+                "deleted": False,
+                "sequenceNumber": pods + 1,
+                "sequenceNumberForAllocation": {str(o): o for o, a in enumerate(allocations) if a is not None},
+            },
+        },
+    )
+    yield (
+        f"{CRD}/blockaffinities",
+        {
+            "apiVersion": "crd.projectcalico.org/v1",
+            "kind": "BlockAffinity",
+            "metadata": {"name": f"{node}-{name}", "labels": {"projectcalico.org/affinity-type": "host"}},
+            "spec": {"cidr": cidr, "node": node, "state": "confirmed", "deleted": "false", "type": "host"},
+        },
+    )
+    for attribute in attributes:
+        handle = attribute["handle_id"]
+        yield (
+            f"{CRD}/ipamhandles",
+            {
+                "apiVersion": "crd.projectcalico.org/v1",
+                "kind": "IPAMHandle",
+                "metadata": {"name": handle.lower()},
+                "spec": {"handleID": handle, "block": {cidr: 1}, "deleted": False},
+            },
+        )
+
+
+def node_object(index: int) -> dict[str, Any]:
+    name = node_name(index)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "node.kubernetes.io/instance-type": "m5.xlarge"},
+        },
+        "spec": {"podCIDR": block_cidr(index), "providerID": f"aws:///eu-west-1a/i-{index:017x}"},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.{index // 250}.{index % 250}.10"},
+                {"type": "Hostname", "address": name},
+            ],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        },
+    }
+
+
+def create_all(url: str, objects: Iterator[tuple[str, dict[str, Any]]], workers: int = 4) -> int:
+    """POST every object (collection, body) to the server's create endpoints, `workers` at a time."""
+    sessions: dict[int, requests.Session] = {}
+
+    def post(entry: tuple[str, dict[str, Any]]) -> None:
+        import threading
+
+        session = sessions.setdefault(threading.get_ident(), requests.Session())
+        session.trust_env = False
+        collection, body = entry
+        answer = session.post(url + collection, data=json.dumps(body), headers={"Content-Type": "application/json"})
+        if answer.status_code != 201:
+            raise RuntimeError(f"POST {collection}: {answer.status_code} {answer.text[:200]}")
+
+    with ThreadPoolExecutor(workers) as pool:
+        count = sum(1 for _ in pool.map(post, objects, chunksize=256))
+    return count
+
+
+def cluster_objects(nodes: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield (
+        f"{CRD}/clusterinformations",
+        {"metadata": {"name": "default"}, "spec": {"clusterGUID": "bench-kdd", "datastoreReady": True}},
+    )
+    yield f"{CRD}/ippools", {"metadata": {"name": "default-ipv4-ippool"}, "spec": {"cidr": "100.64.0.0/10"}}
+    yield f"{CRD}/felixconfigurations", {"metadata": {"name": "default"}, "spec": {"bpfEnabled": False}}
+    for index in range(nodes):
+        yield "/api/v1/nodes", node_object(index)
+        yield from ipam_objects(index, pods)
+        for pod in range(pods):
+            body = pod_object(index, pod)
+            yield f"/api/v1/namespaces/{body['metadata']['namespace']}/pods", body
+
+
+def orphan_indexes(nodes: int, orphans: int) -> list[int]:
+    """Orphans spread through the fleet, not bunched at its end."""
+    step = nodes // orphans if orphans else nodes
+    return [index * step + step // 2 for index in range(orphans)]
+
+
+def plain_read_seconds(config: Config) -> tuple[float, int]:
+    """The same lists, paged 500 at a time with the job's client, each page parsed as JSON, nothing kept."""
+    kube = Kube(api_client(config), RetryPolicy(), page_size=PAGE)
+    started = time.perf_counter()
+    count = sum(len(kube.list_all(path, lambda _: None)) + 0 for path in LISTS)
+    return time.perf_counter() - started, count
+
+
+def kubectl_seconds(kubeconfig: Path) -> float:
+    """`kubectl get --raw` of the same lists, page by page (the continue token read off each page)."""
+    binary = str(Path(sys.executable).with_name("kubectl"))
+    started = time.perf_counter()
+    for path in LISTS:
+        token = ""
+        while True:
+            query = f"?limit={PAGE}" + (f"&continue={token}" if token else "")
+            raw = subprocess.run(
+                [binary, f"--kubeconfig={kubeconfig}", "get", "--raw", path + query],
+                capture_output=True,
+                check=True,
+            ).stdout
+            found = re.search(rb'"continue": ?"([^"]+)"', raw[:2000])
+            if found is None:
+                break
+            token = requests.utils.quote(found.group(1).decode(), safe="")
+    return time.perf_counter() - started
+
+
+def live_state(server: KubeApiServer, gone: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every live pod's allocation (by block and ordinal) and every handle of a live node's pod."""
+    allocations, handles = {}, {}
+    for name, block in server.objects[f"{CRD}/ipamblocks"].items():
+        spec = block["spec"]
+        for ordinal, index in enumerate(spec["allocations"]):
+            if index is not None and spec["attributes"][index]["secondary"].get("node") not in gone:
+                allocations[(name, ordinal)] = spec["attributes"][index]
+    live_handles = {a["handle_id"] for a in allocations.values()}
+    for name, handle in server.objects[f"{CRD}/ipamhandles"].items():
+        if handle["spec"]["handleID"] in live_handles:
+            handles[name] = handle["spec"]
+    return allocations, handles
+
+
+def names_a_gone_node(server: KubeApiServer, gone: set[str], orphans: list[int], pods: int) -> list[str]:
+    """What still names a deleted node: a block's affinity or allocation, an affinity, its tunnel
+    handle, or the handle of one of its pods."""
+    found = []
+    for name, block in server.objects[f"{CRD}/ipamblocks"].items():
+        spec = block["spec"]
+        if (spec.get("affinity") or "").removeprefix("host:") in gone:
+            found.append(f"block {name} affine to a deleted node")
+        for index in spec["allocations"]:
+            if index is not None and spec["attributes"][index]["secondary"].get("node") in gone:
+                found.append(f"block {name} allocates to a deleted node")
+    for name, affinity in server.objects[f"{CRD}/blockaffinities"].items():
+        if affinity["spec"]["node"] in gone:
+            found.append(f"affinity {name}")
+    gone_pods = {pod_handle(i, pod).lower() for i in orphans for pod in range(pods)}
+    for name in server.objects[f"{CRD}/ipamhandles"]:
+        if name.removeprefix("ipip-tunnel-addr-") in gone or name in gone_pods:
+            found.append(f"handle {name}")
+    return found
+
+
+def add_pods(url: str, server: KubeApiServer, nodes: int, gone: set[str], extra: int, base: int) -> None:
+    """`extra` more pods on live nodes, spread over them, each with its allocation and handle."""
+    live = [i for i in range(nodes) if node_name(i) not in gone]
+    per_node: dict[int, int] = {}
+    for number in range(extra):
+        index = live[number % len(live)]
+        per_node[index] = per_node.get(index, 0) + 1
+
+    def objects() -> Iterator[tuple[str, dict[str, Any]]]:
+        for index, count in per_node.items():
+            for pod in range(base, base + count):
+                body = pod_object(index, pod)
+                yield f"/api/v1/namespaces/{body['metadata']['namespace']}/pods", body
+                handle = pod_handle(index, pod)
+                yield (
+                    f"{CRD}/ipamhandles",
+                    {
+                        "metadata": {"name": handle.lower()},
+                        "spec": {"handleID": handle, "block": {block_cidr(index): 1}, "deleted": False},
+                    },
+                )
+
+    create_all(url, objects())
+    session = requests.Session()
+    session.trust_env = False
+    for index, count in per_node.items():  # the allocations, as Calico's IPAM writes them
+        name = block_cidr(index).replace(".", "-").replace("/", "-")
+        block = copy.deepcopy(server.get(f"{CRD}/ipamblocks", name))
+        assert block is not None
+        spec = block["spec"]
+        for pod in range(base, base + count):
+            obj = pod_object(index, pod)
+            secondary = {
+                "namespace": obj["metadata"]["namespace"],
+                "node": node_name(index),
+                "pod": obj["metadata"]["name"],
+            }
+            spec["attributes"].append({"handle_id": pod_handle(index, pod), "secondary": secondary})
+            spec["allocations"][pod + 2] = len(spec["attributes"]) - 1
+            spec["unallocated"].remove(pod + 2)
+        for field in ("managedFields", "generation", "creationTimestamp"):
+            block["metadata"].pop(field, None)
+        answer = session.put(f"{url}{CRD}/ipamblocks/{name}", data=json.dumps(block))
+        answer.raise_for_status()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods-per-node", type=int, default=20)
+    parser.add_argument("--orphans", type=int, default=250)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--extra-pods", type=int, default=20000)
+    options = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-kdd-"))
+    server = KubeApiServer(cache_lists=True).start()
+    try:
+        started = time.perf_counter()
+        created = create_all(server.url, cluster_objects(options.nodes, options.pods_per_node))
+        gone = {node_name(i) for i in orphan_indexes(options.nodes, options.orphans)}
+        session = requests.Session()
+        session.trust_env = False
+        for name in sorted(gone):
+            session.delete(f"{server.url}/api/v1/nodes/{name}").raise_for_status()
+        pods = len(server.objects.get("/api/v1/namespaces/team-0/pods", {})) * NAMESPACES
+        print(
+            f"created {created} objects through the API ({options.nodes} Nodes, ~{pods} Pods, "
+            f"{len(server.objects[f'{CRD}/ipamhandles'])} IPAMHandles, {options.nodes} IPAMBlocks and "
+            f"BlockAffinities), then deleted {len(gone)} Nodes, in {time.perf_counter() - started:.0f}s"
+        )
+        pod_bytes = len(json.dumps(next(iter(server.objects["/api/v1/namespaces/team-0/pods"].values()))))
+        print(f"one pod as served: {pod_bytes} bytes (managedFields included)")
+        kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
+        config = Config(kubeconfig=kubeconfig)
+        env = {**os.environ, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)}
+        args = [
+            "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
+            "--grace-period", "0s", "--max-deletions", str(options.orphans), "--events", "off",
+        ]  # fmt: skip
+        jobs, plain, kubectl = [], [], []
+        for _ in range(options.repeat):
+            plain.append(plain_read_seconds(config)[0])
+            kubectl.append(kubectl_seconds(kubeconfig))
+            jobs.append(run_job(env, args, workdir / "job.log"))
+        for _, _, code, report in jobs:
+            assert code == 0 and report["summary"]["would_delete"] == options.orphans, (code, report["summary"])  # type: ignore[index]
+        job_time = statistics.median(j[0] for j in jobs)
+        timings = [j[3]["timings"] for j in jobs]
+        read = statistics.median(t["datastore_read"] for t in timings)  # type: ignore[index]
+        pods_list = statistics.median(t["pods_list"] for t in timings)  # type: ignore[index]
+        print(f"plain paged read of the same lists (page {PAGE}, JSON, nothing kept): {spread(plain)}")
+        print(f"kubectl get --raw of the same lists, paged: {spread(kubectl)}")
+        print(
+            f"job dry run, all {options.orphans} orphans planned: {spread([j[0] for j in jobs])}; "
+            f"ratio {job_time / statistics.median(plain):.2f} to the plain read (goal <= 1.2), "
+            f"{job_time / statistics.median(kubectl):.2f} to kubectl; the Calico read {read:.2f}s, the pods list "
+            f"{pods_list:.2f}s; peak RSS {spread([j[1] for j in jobs], ' MB')} (goal <= 200)"
+        )
+        base_peak = statistics.median(j[1] for j in jobs)
+        add_pods(server.url, server, options.nodes, gone, options.extra_pods, options.pods_per_node)
+        more = [run_job(env, args)[1] for _ in range(options.repeat)]
+        print(
+            f"with {options.extra_pods} more pods on live nodes (their allocations and handles too): peak RSS "
+            f"{spread(more, ' MB')}, {statistics.median(more) - base_peak:+.1f} MB (goal <= +10)"
+        )
+        before = live_state(server, gone)
+        seconds, peak, code, report = run_job(
+            env, [*args, "--apply", "--max-orphan-fraction", "1"], workdir / "apply.log"
+        )
+        summary = report["summary"]
+        assert code == 0 and summary["deleted"] == options.orphans, (code, summary)  # type: ignore[index]
+        left = names_a_gone_node(server, gone, orphan_indexes(options.nodes, options.orphans), options.pods_per_node)
+        after = live_state(server, gone)
+        assert not left, left[:5]
+        assert after == before, "a live pod's allocation or handle changed"
+        print(
+            f"apply: the {options.orphans} orphans' IPAM deleted in {seconds:.1f}s, peak RSS {peak:.0f} MB; afterwards "
+            f"no block, affinity or handle names a deleted node, and all {len(before[0])} live allocations and "
+            f"{len(before[1])} live handles are unchanged"
+        )
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
