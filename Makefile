@@ -7,12 +7,13 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast lint demo run bench bench-scale bench-churn bench-kdd image lock clean
+.PHONY: help install test test-fast test-pythons lint demo run bench bench-scale bench-churn bench-kdd image lock clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
 	@echo "make test   install what the tests need, start it, run every test"
 	@echo "make test-fast  every test but the slow suites (marker: slow), while you iterate"
+	@echo "make test-pythons  the fast suite on the README's other Pythons (3.12, 3.13), side by side"
 	@echo "make lint   ruff, mypy, and checkov on the manifests and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
@@ -38,20 +39,47 @@ $(VENV)/checkov/.installed-$(CHECKOV_VERSION): $(STAMP)
 	$(VENV)/checkov/bin/pip install --quiet --disable-pip-version-check checkov==$(CHECKOV_VERSION)
 	@touch $@
 
-test: $(STAMP)
+# Helm's own engine (helm-python-sdk: Helm v4's Go SDK, 85 MB native) in its own venv, as checkov:
+# the chart tests and `make lint` render and lint charts/calico-gc with it (tools/helm.py).
+HELM_SDK_VERSION := 0.2.2
+HELM_STAMP := $(VENV)/helm/.installed-$(HELM_SDK_VERSION)
+$(HELM_STAMP): $(STAMP)
+	$(PYTHON) -m venv $(VENV)/helm
+	$(VENV)/helm/bin/pip install --quiet --disable-pip-version-check helm-python-sdk==$(HELM_SDK_VERSION)
+	@touch $@
+
+test: $(STAMP) $(HELM_STAMP)
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(HELM_STAMP)
 	$(BIN)/python -m pytest -m "not slow"
+
+# The README names Python 3.11, 3.12 and 3.13: the fast suite runs on the two besides this one, each
+# in a venv of its own, side by side (the suite mostly waits on etcd and subprocesses). The
+# interpreters are pyenv's, as these machines carry them, else python3.X on PATH.
+OTHER_PYTHONS := 3.12 3.13
+test-pythons:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(addprefix test-python-,$(OTHER_PYTHONS))
+
+test-python-%:
+	@interp=$$(ls -d $(HOME)/.pyenv/versions/$*.*/bin/python$* 2>/dev/null | tail -n 1); \
+	[ -n "$$interp" ] || interp=$$(command -v python$* || true); \
+	[ -n "$$interp" ] || { echo "no Python $* here (pyenv's, or python$* on PATH)"; exit 1; }; \
+	echo "fast suite on $$($$interp --version)"; \
+	$(MAKE) --no-print-directory test-fast PYTHON=$$interp VENV=.venv-$*
 
 OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply
 
-lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION)
+lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION) $(HELM_STAMP)
 	$(BIN)/ruff check job tests bench demo tools
 	$(BIN)/mypy
 	@rm -rf $(VENV)/rendered && mkdir -p $(VENV)/rendered
 	@for overlay in $(OVERLAYS); do \
 	  $(BIN)/kubectl kustomize manifests/$$overlay > $(VENV)/rendered/$$(echo $$overlay | tr / -).yaml || exit 1; \
+	done
+	@for values in '{}' '{"datastore":"etcdv2"}' '{"datastore":"kubernetes"}' '{"hostNetwork":false}'; do \
+	  $(VENV)/helm/bin/python tools/helm.py manifests charts/calico-gc "$$values" calico-gc kube-system \
+	    > $(VENV)/rendered/chart-$$(echo "$$values" | tr -cd 'a-zA-Z0-9').yaml || exit 1; \
 	done
 	$(CHECKOV) --config-file .checkov.yaml -d $(VENV)/rendered --framework kubernetes
 	$(CHECKOV) --config-file .checkov.yaml -f Dockerfile --framework dockerfile
@@ -84,4 +112,4 @@ image:
 	else buildah bud --isolation chroot --runtime runc --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro -t $(IMAGE):$(VERSION) . ; fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache .hypothesis

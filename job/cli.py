@@ -66,7 +66,7 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
         run_id,
         partial(read_health, kube),
         partial(publish, kube, config.namespace, environ.get("POD_NAME")),
-        reports=ReportKeeper(kube, config.namespace, config.keep_reports),
+        reports=ReportKeeper(kube, config.namespace, config.keep_reports, config.report_configmaps),
     )
 
 
@@ -174,7 +174,8 @@ def _restore(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int, C
 def _reports(config: Config) -> int:
     """`reports` and `reports show`: read-only, no lock, no datastore."""
     try:
-        keeper = ReportKeeper(Kube(api_client(config), retry_policy(config)), config.namespace, MAX_KEPT_REPORTS)
+        kube = Kube(api_client(config), retry_policy(config))
+        keeper = ReportKeeper(kube, config.namespace, MAX_KEPT_REPORTS, config.report_configmaps)
         if config.command.name == "reports":
             kept = keeper.list()
             if config.output == "json":

@@ -210,6 +210,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "--report-configmaps",
+        "CALICO_GC_REPORT_CONFIGMAPS",
+        "calico-gc-report",
+        "Name prefix of the kept reports' ConfigMaps: NAME-<slot>-<part>, the names the Role grants get and "
+        "update on (a second install gives its own).",
+        metavar="NAME",
+    ),
+    Option(
         "--lock",
         "CALICO_GC_LOCK",
         "lease",
@@ -395,6 +403,7 @@ class Config:
     state_configmap: str = "calico-gc-state"
     report_file: Path | None = None
     keep_reports: int = 10
+    report_configmaps: str = "calico-gc-report"
     lock: str = "lease"
     lock_name: str = "calico-gc"
     lease_duration: timedelta = timedelta(minutes=2)
@@ -652,6 +661,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         state_configmap=text("state_configmap"),
         report_file=_path(optional("report_file")),
         keep_reports=_at_most("--keep-reports", _int("--keep-reports", text("keep_reports"), 0), MAX_KEPT_REPORTS),
+        report_configmaps=text("report_configmaps"),
         lock=text("lock"),
         lock_name=text("lock_name"),
         lease_duration=_at_least("--lease-duration", duration("lease_duration"), timedelta(seconds=3)),

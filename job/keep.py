@@ -42,13 +42,13 @@ class KeepError(Exception):
         self.kind = kind
 
 
-def part_name(slot: int, part: int) -> str:
-    return f"{PREFIX}-{slot}-{part}"
+def part_name(slot: int, part: int, prefix: str = PREFIX) -> str:
+    return f"{prefix}-{slot}-{part}"
 
 
-def all_names() -> list[str]:
+def all_names(prefix: str = PREFIX) -> list[str]:
     """Every name a kept report may use: what the Role grants get and update on."""
-    return [part_name(slot, part) for slot in range(MAX_SLOTS) for part in range(MAX_PARTS)]
+    return [part_name(slot, part, prefix) for slot in range(MAX_SLOTS) for part in range(MAX_PARTS)]
 
 
 def worth_keeping(report: Mapping[str, Any]) -> bool:
@@ -82,8 +82,8 @@ def _packed(report: Mapping[str, Any]) -> bytes:
 
 
 class ReportKeeper:
-    def __init__(self, kube: Kube, namespace: str, slots: int) -> None:
-        self.kube, self.namespace, self.slots = kube, namespace, slots
+    def __init__(self, kube: Kube, namespace: str, slots: int, prefix: str = PREFIX) -> None:
+        self.kube, self.namespace, self.slots, self.prefix = kube, namespace, slots, prefix
 
     def _get(self, name: str) -> dict[str, Any] | None:
         try:
@@ -92,7 +92,7 @@ class ReportKeeper:
             raise KeepError(f"cannot read ConfigMap {self.namespace}/{name}: {error}") from error
 
     def _heads(self) -> dict[int, dict[str, Any] | None]:
-        return {slot: self._get(part_name(slot, 0)) for slot in range(self.slots)}
+        return {slot: self._get(part_name(slot, 0, self.prefix)) for slot in range(self.slots)}
 
     def keep(self, report: Mapping[str, Any]) -> str:
         """Store `report` in the free or oldest slot; the ConfigMap that names it."""
@@ -112,14 +112,14 @@ class ReportKeeper:
         }
         # Last part first, part 0 (which says how many there are) last.
         for part in range(MAX_PARTS - 1, -1, -1):
-            name = part_name(slot, part)
+            name = part_name(slot, part, self.prefix)
             current = heads[slot] if part == 0 else self._get(name)
             if part >= len(parts):
                 if current is not None and (current.get("binaryData") or {}):
                     self._write(name, current, {"part": str(part), "run-id": "", "parts": "0"}, b"")  # emptied
                 continue
             self._write(name, current, {**about, "part": str(part)}, parts[part])
-        return f"{self.namespace}/{part_name(slot, 0)}"
+        return f"{self.namespace}/{part_name(slot, 0, self.prefix)}"
 
     def _write(self, name: str, current: Mapping[str, Any] | None, about: Mapping[str, str], data: bytes) -> None:
         metadata: dict[str, Any] = {
@@ -152,7 +152,7 @@ class ReportKeeper:
         for slot, head in self._heads().items():
             about = _annotations((head or {}).get("metadata") or {})
             if head is not None and about.get("run-id"):
-                kept.append({**about, "configmap": part_name(slot, 0)})
+                kept.append({**about, "configmap": part_name(slot, 0, self.prefix)})
         return sorted(kept, key=lambda k: parse_time(k.get("started-at")) or EPOCH, reverse=True)
 
     def fetch(self, run_id: str) -> dict[str, Any]:
@@ -170,17 +170,18 @@ class ReportKeeper:
         count = int(_annotations(head["metadata"]).get("parts") or 1)
         packed = b""
         for part in range(count):
-            obj = head if part == 0 else self._get(part_name(slot, part))
+            name = part_name(slot, part, self.prefix)
+            obj = head if part == 0 else self._get(name)
             about = _annotations((obj or {}).get("metadata") or {})
             if obj is None or about.get("run-id") != run_id or about.get("part") != str(part):
                 raise KeepError(
-                    f"kept report of run {run_id} is incomplete: {part_name(slot, part)} holds another run "
+                    f"kept report of run {run_id} is incomplete: {name} holds another run "
                     "(a run died while keeping its report)"
                 )
             try:
                 packed += base64.b64decode((obj.get("binaryData") or {}).get(DATA_KEY, ""), validate=True)
             except (binascii.Error, ValueError) as error:
-                raise KeepError(f"{part_name(slot, part)} is not base64: {error}") from error
+                raise KeepError(f"{name} is not base64: {error}") from error
         try:
             document = json.loads(gzip.decompress(packed))
         except (OSError, EOFError, zlib.error, ValueError) as error:

@@ -27,10 +27,10 @@ from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.ipam import stale_handles
 from job.keep import KeepError, worth_keeping
 from job.kube import KubeError
-from job.leaks import Allocation, plan_leaks, settle
+from job.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
 from job.metrics import push
-from job.model import Action, IpamBlock, KubeNode, PodInfo
-from job.plan import plan_run
+from job.model import Action, HandleRepair, HostDecision, IpamBlock, KubeNode, PodInfo
+from job.plan import HANDLE_REPAIRED, plan_run
 from job.report import Befores, RunRecord, build
 from job.state import Loaded, StateError, StateStore
 
@@ -186,6 +186,8 @@ def _writable_names(config: Config, deps: Dependencies) -> None:
     manifests grant `update` on their default names only, and a renamed object would be
     created once and then never written again."""
     wanted = [] if config.state_file else [("", "configmaps", config.state_configmap, "--state-configmap")]
+    if config.keep_reports and deps.reports is not None:
+        wanted.append(("", "configmaps", f"{config.report_configmaps}-0-0", "--report-configmaps"))
     if deps.lock is not None:
         wanted.append(("coordination.k8s.io", "leases", config.lock_name, "--lock-name"))
     for group, resource, name, flag in wanted:
@@ -260,6 +262,22 @@ def _leaked(
         for key, pod in starting.items():
             settle(scan.pod_ips, key, pod)
     return [allocation for allocations in scan.pod_ips.values() for allocation in allocations]
+
+
+def _settled_sightings(
+    sightings: Mapping[str, datetime],
+    decisions: Sequence[HostDecision],
+    repairs: Sequence[HandleRepair],
+    leak_actions: Mapping[str, str],
+) -> set[str]:
+    """The sightings this apply made moot: of hosts deleted, handles repaired, leaked IPs released."""
+    done = {d.host.name for d in decisions if d.action is Action.DELETED}
+    repaired = {f"handle:{r.handle_id}@" for r in repairs if r.action == HANDLE_REPAIRED}
+    released = {f"leak:{ip}@" for ip, action in leak_actions.items() if action == LEAK_RELEASED}
+    for name in sightings:
+        if name.startswith(("handle:", "leak:")) and name[: name.index("@") + 1] in repaired | released:
+            done.add(name)
+    return done
 
 
 def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: RunRecord) -> bool:
@@ -372,10 +390,11 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         for failure in failures:
             record.error("unavailable", f"leaked pod IPs not released: {failure}")
     record.audit = with_outcomes(record.audit, repairs, leak_actions)
-    deleted = {d.host.name for d in record.decisions if d.action is Action.DELETED}
-    if deleted:
-        # A name that comes back and is orphaned again must wait its full grace anew.
-        saved &= _save_state(deps.state, {n: t for n, t in sightings.items() if n not in deleted}, record)
+    done = _settled_sightings(sightings, record.decisions, repairs, leak_actions)
+    if done:
+        # What is gone or put right leaves the state: a name that comes back and is orphaned again
+        # waits its full grace anew, and the state lists only what still waits.
+        saved &= _save_state(deps.state, {n: t for n, t in sightings.items() if n not in done}, record)
     if any(d.action is Action.FAILED for d in record.decisions):
         record.outcome = "partial_failure"
         return ExitCode.PARTIAL_FAILURE

@@ -178,3 +178,12 @@ def test_host_networking_is_the_only_privilege_and_never_depends_on_coredns(over
     else:
         # Host networking needs the Privileged level (kube-system usually is); DNS from the node.
         assert baseline_violations(pod) == ["hostNetwork"] and pod["dnsPolicy"] == "Default"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_carries_the_app_label(overlay: str) -> None:
+    """`kubectl get ... -l app.kubernetes.io/name=calico-gc` finds all of it: the base's labels do
+    not reach what an overlay adds, so each overlay that adds objects labels them too."""
+    for doc in render(overlay):
+        labels = doc["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/name") == "calico-gc", f"{doc['kind']} {doc['metadata']['name']}"

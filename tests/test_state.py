@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,7 @@ def test_the_configmap_store_builds_on_its_own_write(harness: Harness) -> None:
             "--state-configmap",
         ),
         (("update", "leases", "my-lock"), {"lock_name": "my-lock"}, "--lock-name"),
+        (("update", "configmaps", "my-reports-0-0"), {"report_configmaps": "my-reports"}, "--report-configmaps"),
     ],
 )
 def test_a_name_rbac_does_not_grant_is_refused_before_anything_is_written(
@@ -103,3 +105,35 @@ def test_a_name_rbac_does_not_grant_is_refused_before_anything_is_written(
     assert code == 2 and error["kind"] == "config" and flag in error["message"]
     assert harness.dump() == before
     assert harness.kubeapi.count("POST", "^/api/v1/namespaces/calico-gc/configmaps$") == 0
+
+
+def sightings(harness: Any) -> set[str]:
+    return set(json.loads((harness.tmp / "state.json").read_text())["orphans"])
+
+
+def test_a_repaired_handle_leaves_the_grace_state(harness: Any) -> None:
+    """A sighting goes once its object is repaired: the state lists only what is still waiting."""
+    from tests.test_audit import HOSTS_ASIDE, over_counted
+
+    key, _ = over_counted(harness)
+    config = harness.config(apply=True, exclude=HOSTS_ASIDE)
+    harness.run(config)
+    handle = key.rsplit("/", 1)[1]
+    assert any(s.startswith(f"handle:{handle}@") for s in sightings(harness))
+    harness.now += timedelta(minutes=10)
+    report, _ = harness.run(config)
+    assert report["audit"]["stale_handles"]["repaired"] == 1
+    assert not any(s.startswith("handle:") for s in sightings(harness)), sightings(harness)
+
+
+def test_a_released_leak_leaves_the_grace_state(harness: Any) -> None:
+    from tests.test_leaks import RELEASE, WEB0_IP, leak_web0
+
+    leak_web0(harness)
+    config = harness.config(apply=True, **RELEASE)
+    harness.run(config)
+    assert any(s.startswith(f"leak:{WEB0_IP}@") for s in sightings(harness))
+    harness.now += timedelta(minutes=16)
+    report, _ = harness.run(config)
+    assert report["audit"]["leaked_ips"]["released"] == 1
+    assert not any(s.startswith("leak:") for s in sightings(harness)), sightings(harness)
