@@ -14,7 +14,7 @@ help:
 	@echo "make test   install what the tests need, start it, run every test"
 	@echo "make test-fast  every test but the slow suites (marker: slow), while you iterate"
 	@echo "make test-pythons  the fast suite on the README's other Pythons (3.12, 3.13), side by side"
-	@echo "make lint   ruff, mypy, and checkov on the manifests and the Dockerfile"
+	@echo "make lint   ruff, mypy, import-linter, and checkov on the manifests, the chart and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark (prints its figures)"
 	@echo "make bench-scale  the same at 15,000 hosts"
@@ -73,6 +73,7 @@ OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply
 lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION) $(HELM_STAMP)
 	$(BIN)/ruff check job tests bench demo tools
 	$(BIN)/mypy
+	$(BIN)/lint-imports  # the layers and the pure core (pyproject.toml, [tool.importlinter])
 	@rm -rf $(VENV)/rendered && mkdir -p $(VENV)/rendered
 	@for overlay in $(OVERLAYS); do \
 	  $(BIN)/kubectl kustomize manifests/$$overlay > $(VENV)/rendered/$$(echo $$overlay | tr / -).yaml || exit 1; \

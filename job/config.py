@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
-MAX_KEPT_REPORTS = 10  # job/keep.py's MAX_SLOTS: the Role grants exactly these names
+MAX_KEPT_REPORTS = 10  # job/adapters/keep.py's MAX_SLOTS: the Role grants exactly these names
 
 
 class ConfigError(ValueError):

@@ -17,18 +17,18 @@ import jsonschema
 import pytest
 
 from job import logs
+from job.adapters.events import publish
+from job.adapters.health import read_health
+from job.adapters.keep import ReportKeeper
+from job.adapters.kube import Kube, api_client
+from job.adapters.lease import LeaseLock
+from job.adapters.retry import RetryPolicy
+from job.adapters.state import FileStateStore, StateStore
 from job.cli import datastore
 from job.config import Config, EtcdEndpoint
-from job.events import publish
-from job.health_reads import read_health
-from job.keep import ReportKeeper
-from job.kube import Kube, api_client
-from job.lease import LeaseLock
-from job.report import SCHEMA_PATH, write
-from job.restore import restore
-from job.retry import RetryPolicy
-from job.runner import Dependencies, keep, report_befores, run
-from job.state import FileStateStore, StateStore
+from job.core.report import SCHEMA_PATH, write
+from job.flows.restore import restore
+from job.flows.run import Dependencies, keep, report_befores, run
 from tests.support import calico, calico2
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer

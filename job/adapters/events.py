@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from job.kube import Kube, KubeError
+from job.adapters.kube import Kube, KubeError
 
 COMPONENT = "calico-gc"
 MAX_MESSAGE = 1024  # the API server truncates longer Event messages anyway

@@ -1,6 +1,6 @@
 """The read side of the network-health diagnosis: calico-node pods (and, for those that crash
 loop, their previous log), admission webhooks and the endpoints behind them. Read-only; a check
-that cannot be read is skipped, never a failed run. The diagnosis itself is pure (health.py)."""
+that cannot be read is skipped, never a failed run. The diagnosis itself is pure (job/core/health.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import structlog
 
+from job.adapters.kube import Kube, KubeError
 from job.config import Config
-from job.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
-from job.kube import Kube, KubeError
+from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
 
 log = structlog.get_logger("calico_gc.health")
 CALICO_NODE_CONTAINER = "calico-node"

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from job.adapters.kube import Kube, KubeError
 from job.config import MAX_KEPT_REPORTS
-from job.kube import Kube, KubeError
-from job.model import parse_time
-from job.report import chunks as report_chunks
+from job.core.model import parse_time
+from job.core.report import chunks as report_chunks
 
 PREFIX = "calico-gc-report"
 MAX_SLOTS = MAX_KEPT_REPORTS

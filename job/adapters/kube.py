@@ -23,9 +23,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
-from job.model import KubeNode, NetworkUnavailable, PodInfo
-from job.retry import RetryPolicy, network_reason, one_line
+from job.core.model import KubeNode, NetworkUnavailable, PodInfo
 
 log = structlog.get_logger("calico_gc.kube")
 T = TypeVar("T")

@@ -12,9 +12,9 @@ from typing import Any
 
 import structlog
 
-from job.kube import Kube, KubeError
-from job.model import parse_time
-from job.retry import describe_error
+from job.adapters.kube import Kube, KubeError
+from job.adapters.retry import describe_error
+from job.core.model import parse_time
 
 log = structlog.get_logger("calico_gc.lease")
 MIN_RENEW_INTERVAL_S = 1.0

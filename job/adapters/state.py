@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from job.kube import Conflict, Kube, KubeError
-from job.model import parse_time
+from job.adapters.kube import Conflict, Kube, KubeError
+from job.core.model import parse_time
 
 log = structlog.get_logger("calico_gc.state")
 STATE_KEY = "state.json"

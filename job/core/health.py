@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from job.model import CalicoHost, IpConflict, KubeNode, parse_time
+from job.core.model import CalicoHost, IpConflict, KubeNode, parse_time
 
 FORBIDDEN = "skipped: forbidden"
 BACKOFF_REASONS = frozenset(

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import socket
+import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from job.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Step, StoredItem, Write
+from job.core.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Step, StoredItem, Write
 
 WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
 TUNNEL_HANDLE_PREFIXES = (
@@ -26,6 +26,8 @@ TUNNEL_HANDLE_PREFIXES = (
     "wireguard-v6-tunnel-addr-",
 )
 
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # 0-255, no leading zero (as ipaddress)
+_IPV4 = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}")
 MAX_TXN_WRITES = 128  # etcd's default --max-txn-ops; every step is one transaction
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -285,6 +287,20 @@ def lowered_handle(handle: Mapping[str, Any], held: Mapping[str, int | None]) ->
     return {**handle, "block": per_block}
 
 
+def address_number(ip: str) -> tuple[int, int] | None:
+    """An address as text as (IP version, number); None when it is not one. IPv4 is parsed by hand:
+    a run looks up every endpoint IP, and an `ipaddress` object for each costs more than the rest."""
+    if ":" in ip:
+        try:
+            return 6, int(ipaddress.IPv6Address(ip))
+        except ValueError:
+            return None
+    if _IPV4.fullmatch(ip) is None:
+        return None
+    a, b, c, d = map(int, ip.split("."))
+    return 4, a << 24 | b << 16 | c << 8 | d
+
+
 class Networks:
     """Block CIDRs by network, to find the block an address is in without an ipaddress object
     per block (a run may index 15,000)."""
@@ -300,12 +316,11 @@ class Networks:
 
     def locate(self, ip: str) -> tuple[str, int] | None:
         """The block `ip` is in and its ordinal there; None when in none (or not an address)."""
-        try:
-            packed = socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
-        except (OSError, ValueError):
+        parsed = address_number(ip)
+        if parsed is None:
             return None
-        address = int.from_bytes(packed, "big")
-        version, width = (6, 128) if len(packed) == 16 else (4, 32)
+        version, address = parsed
+        width = 128 if version == 6 else 32
         for (family, length), bases in self._bases.items():
             if family == version:
                 base = address >> (width - length) << (width - length)
@@ -549,7 +564,7 @@ def address_in(cidr: str) -> Callable[[int], str]:
     network = ipaddress.ip_network(cidr)
     base = int(network.network_address)
     if network.version == 4:
-        return lambda ordinal: socket.inet_ntoa((base + ordinal).to_bytes(4, "big"))
+        return lambda ordinal: f"{(n := base + ordinal) >> 24}.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
     return lambda ordinal: str(ipaddress.IPv6Address(base + ordinal))
 
 

@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from job.config import Config
-from job.ipam import block_data, dump, handle_problem, held_by, lowered_handle, normal_cidr, parse_handle, release
-from job.model import IpamBlock, IpamHandle, PodInfo, Step, Write
+from job.core.ipam import block_data, dump, handle_problem, held_by, lowered_handle, normal_cidr, parse_handle, release
+from job.core.model import IpamBlock, IpamHandle, PodInfo, Step, Write
 
 # What a run does about a leaked IP (the report's audit.leaked_ips.sample[].action).
 LEAK_WAITING = "waiting_grace"

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from job.config import Config
-from job.ipam import (
+from job.core.inventory import Inventory
+from job.core.ipam import (
     MAX_TXN_WRITES,
     IpamIndex,
     StaleHandle,
@@ -21,14 +22,13 @@ from job.ipam import (
     summarize_block,
     tunnel_handle_node,
 )
-from job.model import (
+from job.core.model import (
     Action,
     BlockAffinity,
     CalicoHost,
     GuardFinding,
     HandleRepair,
     HostDecision,
-    Inventory,
     IpamBlock,
     IpamHandle,
     IpConflict,

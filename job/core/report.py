@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,12 +10,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from job import __version__
 from job.config import Config, format_duration
-from job.model import Action, DataProblem, HostDecision, Plan
+from job.core.model import Action, DataProblem, HostDecision, Plan
 
 SCHEMA_VERSION = "calico-gc/report/v1"
-SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
+SCHEMA_PATH = Path(__file__).parent.parent / "report.schema.json"  # the report's public contract, at the top
 HOSTS_PER_FETCH = 100  # hosts whose missing before-values are fetched together as the report is written
 
 # Given (key, revision) pairs, the values those keys held at those revisions, where still known.
@@ -90,7 +87,7 @@ def _host(decision: HostDecision) -> dict[str, Any]:
     return entry
 
 
-def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str, Any]:
+def build(record: RunRecord, finished_at: datetime, exit_code: int, version: str) -> dict[str, Any]:
     config, plan = record.config, record.plan
     actions = Counter(str(d.action) for d in record.decisions)
     summary: dict[str, Any] = {
@@ -104,7 +101,7 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int) -> dict[str,
     }
     return {
         "schema": SCHEMA_VERSION,
-        "tool": {"name": "calico-gc", "version": __version__},
+        "tool": {"name": "calico-gc", "version": version},
         "run_id": record.run_id,
         "started_at": timestamp(record.started_at),
         "finished_at": timestamp(finished_at),
@@ -186,15 +183,6 @@ def write(report: Mapping[str, Any], out: TextIO, befores: Befores | None = None
         out.write(chunk)
     out.write("\n")
     out.flush()
-
-
-def write_file(report: Mapping[str, Any], path: Path, befores: Befores | None = None) -> None:
-    """Atomically: a reader sees the previous report or this one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as file:
-        write(report, file, befores)
-    os.replace(temporary, path)
 
 
 def render_text(report: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from job.ipam import (
+from job.core.ipam import (
     MAX_TXN_WRITES,
     affinity_host,
     allocate,
@@ -32,7 +32,7 @@ from job.ipam import (
     held_by,
     normal_cidr,
 )
-from job.model import CREATE, JsonObject, Step, StoredItem, Write
+from job.core.model import CREATE, JsonObject, Step, StoredItem, Write
 
 RESTORABLE_ACTIONS = ("deleted", "failed")  # a failed host's report lists the writes that were applied
 

@@ -12,10 +12,12 @@ from typing import Protocol
 
 import structlog
 
+from job.adapters.datastores.base import Datastore, DatastoreError
+from job.adapters.kube import KubeError
+from job.adapters.retry import describe_error
 from job.config import Config
-from job.datastores.base import Datastore, DatastoreError
-from job.kube import KubeError
-from job.leaks import (
+from job.core.inventory import Inventory
+from job.core.leaks import (
     LEAK_CHANGED,
     LEAK_DEFERRED,
     LEAK_FAILED,
@@ -23,8 +25,8 @@ from job.leaks import (
     LEAK_RELEASED,
     LeakRelease,
 )
-from job.model import Action, HandleRepair, HostDecision, Inventory, Plan, PodInfo, Step
-from job.plan import (
+from job.core.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step
+from job.core.plan import (
     HANDLE_CHANGED,
     HANDLE_DEFERRED,
     HANDLE_FAILED,
@@ -34,7 +36,6 @@ from job.plan import (
     refreshed,
     replan_host,
 )
-from job.retry import describe_error
 
 log = structlog.get_logger("calico_gc.apply")
 MAX_REPLANS = 5

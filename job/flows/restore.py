@@ -1,5 +1,5 @@
 """`calico-gc restore`: undo a run from its kept report. Read the report's keys as they are now,
-plan what is left (job/restore_plan.py, pure), commit one step, and plan again from a fresh
+plan what is left (job/core/restore.py, pure), commit one step, and plan again from a fresh
 read, until nothing is left; then report. Dry run unless the command itself says --apply.
 """
 
@@ -12,15 +12,15 @@ from typing import Any
 import structlog
 
 from job import __version__
-from job.apply import INTERRUPTED, LOCK_LOST
+from job.adapters.datastores.base import DatastoreError
+from job.adapters.keep import KeepError
+from job.adapters.kube import KubeError
 from job.config import Config
-from job.datastores.base import DatastoreError
-from job.keep import KeepError
-from job.kube import KubeError
-from job.model import Step, Write
-from job.report import SCHEMA_VERSION, timestamp
-from job.restore_plan import HostRestore, RemovedHost, ReportShapeError, plan_host, removed_hosts
-from job.runner import USAGE_KINDS, Dependencies, ExitCode
+from job.core.model import Step, Write
+from job.core.report import SCHEMA_VERSION, timestamp
+from job.core.restore import HostRestore, RemovedHost, ReportShapeError, plan_host, removed_hosts
+from job.flows.apply import INTERRUPTED, LOCK_LOST
+from job.flows.run import USAGE_KINDS, Dependencies, ExitCode
 
 log = structlog.get_logger("calico_gc.restore")
 RESTORE_SCHEMA = "calico-gc/restore/v1"

@@ -19,20 +19,21 @@ from typing import Any, Protocol
 import structlog
 
 from job import __version__
-from job.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values
-from job.audit import BlockScan, ipam_audit, scan_blocks, with_outcomes
+from job.adapters.datastores.base import Datastore, DatastoreError
+from job.adapters.keep import KeepError, worth_keeping
+from job.adapters.kube import KubeError
+from job.adapters.metrics import push
+from job.adapters.state import Loaded, StateError, StateStore
 from job.config import Config, effective
-from job.datastores.base import Datastore, DatastoreError
-from job.health import HealthInputs, at_or_above, diagnose, log_conflicts
-from job.ipam import stale_handles
-from job.keep import KeepError, worth_keeping
-from job.kube import KubeError
-from job.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
-from job.metrics import push
-from job.model import Action, HandleRepair, HostDecision, IpamBlock, KubeNode, PodInfo
-from job.plan import HANDLE_REPAIRED, plan_run
-from job.report import Befores, RunRecord, build
-from job.state import Loaded, StateError, StateStore
+from job.core.audit import ipam_audit, with_outcomes
+from job.core.health import HealthInputs, at_or_above, diagnose, log_conflicts
+from job.core.ipam import stale_handles
+from job.core.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
+from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, KubeNode, PodInfo
+from job.core.plan import HANDLE_REPAIRED, plan_run
+from job.core.report import Befores, RunRecord, build
+from job.core.scan import BlockScan, scan_blocks
+from job.flows.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values
 
 log = structlog.get_logger("calico_gc")
 
@@ -126,7 +127,7 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         log.warning("unhealthy", status=record.health["status"], fail_on=config.fail_on)
         record.outcome, code = "unhealthy", ExitCode.UNHEALTHY
     finished = deps.clock()
-    report = build(record, finished, int(code))
+    report = build(record, finished, int(code), __version__)
     if config.events and deps.events is not None:
         _note_failure(report, "events", deps.events(report))
     if config.pushgateway:

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from job.cli import main
-from job.model import Step
-from job.report import render_text
-from job.runner import run
+from job.core.model import Step
+from job.core.report import render_text
+from job.flows.run import run
 from tests.conftest import Harness, hosts_by_name, validate_report
 from tests.support import calico
 from tests.support import scenario as s

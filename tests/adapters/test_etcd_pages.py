@@ -14,9 +14,9 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from job.adapters.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, RangeAnswer, Window
+from job.adapters.retry import RetryPolicy
 from job.config import Config, EtcdEndpoint
-from job.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, RangeAnswer, Window
-from job.retry import RetryPolicy
 from tests.support import calico
 from tests.support.etcd_server import EtcdServer
 

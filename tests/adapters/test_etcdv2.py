@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from job.adapters.datastores.etcdv2 import build_inventory
 from job.cli import main
-from job.datastores.etcdv2 import build_inventory
-from job.ipam import block_shape_problem
-from job.model import ClusterInfo, StoredItem
+from job.core.ipam import block_shape_problem
+from job.core.model import ClusterInfo, StoredItem
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico2
 from tests.support.calico2 import BACKLOG, CONFLICT_ORPHAN, LIVE, NEW_NODE, ORPHAN, kops_18_cluster

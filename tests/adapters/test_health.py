@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from job.cli import main
-from job.health import selector_matches
+from job.core.health import selector_matches
 from tests.conftest import Harness, hosts_by_name
 from tests.support import scenario as s
 from tests.support.kubeapi import KubeApiServer

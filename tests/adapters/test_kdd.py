@@ -305,7 +305,7 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness,
     the full read. Garbage of every kind: a stale handle, an allocation without a handle, a leak
     whose handle is as Calico writes it (so the lean read drops it and it is read when needed), a
     pod still starting, and the gone node's IPAM."""
-    from job.datastores.kdd import KddDatastore
+    from job.adapters.datastores.kdd import KddDatastore
 
     seed_kdd(harness.kubeapi)
     block = copy.deepcopy(harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26"))
@@ -365,8 +365,8 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness,
 
 
 def _lean_handles(harness: Harness, read: Any) -> set[str]:
-    from job.datastores.kdd import KddDatastore
-    from job.kube import Kube, api_client
+    from job.adapters.datastores.kdd import KddDatastore
+    from job.adapters.kube import Kube, api_client
 
     config = kdd(harness)
     store = KddDatastore(Kube(api_client(config), harness.retry))

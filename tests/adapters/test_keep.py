@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
+from job.adapters.keep import MAX_PARTS, PART_BYTES, KeepError, ReportKeeper, all_names, part_name
+from job.adapters.kube import Kube, KubeError, api_client
 from job.cli import main
-from job.keep import MAX_PARTS, PART_BYTES, KeepError, ReportKeeper, all_names, part_name
-from job.kube import Kube, KubeError, api_client
 from tests.conftest import Harness, no_sleep_retry
+from tests.flows.test_cli import environment
 from tests.support import calico
 from tests.support import scenario as s
 from tests.support.kubeapi import MAX_CONFIGMAP_BYTES, KubeApiServer
-from tests.test_cli import environment
 
 NAMESPACE = "calico-gc"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def keeper(harness: Harness, slots: int = 3) -> ReportKeeper:

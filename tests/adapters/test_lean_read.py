@@ -10,17 +10,19 @@ from typing import Any
 
 import pytest
 
-from job.audit import ipam_audit, scan_blocks
-from job.datastores.etcdv3 import HANDLES, EtcdV3Datastore
-from job.ipam import stale_handles
-from job.leaks import plan_leaks
-from job.model import Inventory, KubeNode
-from job.plan import plan_run
-from job.retry import RetryPolicy
+from job.adapters.datastores.etcdv3 import HANDLES, EtcdV3Datastore
+from job.adapters.retry import RetryPolicy
+from job.core.audit import ipam_audit
+from job.core.inventory import Inventory
+from job.core.ipam import stale_handles
+from job.core.leaks import plan_leaks
+from job.core.model import KubeNode
+from job.core.plan import plan_run
+from job.core.scan import scan_blocks
 from tests.conftest import Harness
+from tests.flows.test_audit import garbage
 from tests.support import calico
 from tests.support import scenario as s
-from tests.test_audit import garbage
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tests.adapters.test_etcdv2 import seeded
+from tests.adapters.test_kdd import CRD, GONE, kdd, seed_kdd, snapshot
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support.calico2 import CONFLICT_ORPHAN, NEW_NODE, ORPHAN
-from tests.test_etcdv2 import seeded
-from tests.test_kdd import CRD, GONE, kdd, seed_kdd, snapshot
 
 
 def v2_values(harness: Harness) -> dict[str, str]:

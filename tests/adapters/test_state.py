@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from job.kube import Kube, api_client
-from job.runner import run
-from job.state import ConfigMapStateStore
+from job.adapters.kube import Kube, api_client
+from job.adapters.state import ConfigMapStateStore
+from job.flows.run import run
 from tests.conftest import Harness, hosts_by_name
 from tests.support import scenario as s
 
@@ -113,7 +113,7 @@ def sightings(harness: Any) -> set[str]:
 
 def test_a_repaired_handle_leaves_the_grace_state(harness: Any) -> None:
     """A sighting goes once its object is repaired: the state lists only what is still waiting."""
-    from tests.test_audit import HOSTS_ASIDE, over_counted
+    from tests.flows.test_audit import HOSTS_ASIDE, over_counted
 
     key, _ = over_counted(harness)
     config = harness.config(apply=True, exclude=HOSTS_ASIDE)
@@ -127,7 +127,7 @@ def test_a_repaired_handle_leaves_the_grace_state(harness: Any) -> None:
 
 
 def test_a_released_leak_leaves_the_grace_state(harness: Any) -> None:
-    from tests.test_leaks import RELEASE, WEB0_IP, leak_web0
+    from tests.flows.test_leaks import RELEASE, WEB0_IP, leak_web0
 
     leak_web0(harness)
     config = harness.config(apply=True, **RELEASE)

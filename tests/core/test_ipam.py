@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from job.datastores.etcdv3 import (
+from job.adapters.datastores.etcdv3 import (
     WORKLOAD_ENDPOINTS,
     Collected,
     KeyValue,
@@ -18,7 +18,7 @@ from job.datastores.etcdv3 import (
     collect_raw,
     endpoint_spec,
 )
-from job.ipam import (
+from job.core.ipam import (
     Held,
     block_shape_problem,
     handle_problem,
@@ -28,8 +28,8 @@ from job.ipam import (
     summarize_block,
     without_affinity,
 )
-from job.model import StoredItem
-from job.plan import build_index, host_steps
+from job.core.model import StoredItem
+from job.core.plan import build_index, host_steps
 from tests.support.calico import CalicoSeed
 
 
@@ -308,7 +308,7 @@ def test_an_endpoint_of_another_shape_is_read_whole_and_what_is_wrong_is_said() 
 
 
 def test_allocate_is_the_inverse_of_release_and_adds_no_field_calico_2_lacks() -> None:
-    from job.ipam import allocate, release
+    from job.core.ipam import allocate, release
 
     block = {
         "cidr": "10.0.0.0/30",

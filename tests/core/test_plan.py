@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from job.config import Config
-from job.model import Action, BlockAffinity, CalicoHost, ClusterInfo, Inventory, KubeNode, StoredItem
-from job.plan import plan_run
+from job.core.inventory import Inventory
+from job.core.model import Action, BlockAffinity, CalicoHost, ClusterInfo, KubeNode, StoredItem
+from job.core.plan import plan_run
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NO_GRACE = Config(grace_period=timedelta(0), max_orphan_fraction=1.0)

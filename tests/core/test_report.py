@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from job import report
-from job.datastores.base import Datastore
-from job.runner import report_befores, run
+from job.adapters.datastores.base import Datastore
+from job.core import report
+from job.flows.run import report_befores, run
 from tests.conftest import Harness, validate_report
 from tests.support import calico
 from tests.support import scenario as s

@@ -15,9 +15,9 @@ import yaml
 
 from job import __version__
 from job.config import OPTIONS, load
-from tests.test_manifests import baseline_violations, pod_spec, render
+from tests.deploy.test_manifests import baseline_violations, pod_spec, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "calico-gc"
 HELM_PYTHON = Path(sys.executable).parent.parent / "helm" / "bin" / "python"  # .venv/helm, made by `make test`
 HELM_LABELS = (

@@ -69,7 +69,7 @@ def report_of(ran: image.Ran) -> dict[str, Any]:
 # container would compile it on every run (read-only root, PYTHONDONTWRITEBYTECODE).
 UNCOMPILED = """
 import os, sys
-import job.cli, job.health_reads, job.lease, job.datastores.kdd
+import job.cli, job.adapters.health, job.adapters.lease, job.adapters.datastores.kdd
 found = []
 for name, module in list(sys.modules.items()):
     spec = getattr(module, "__spec__", None)
@@ -102,7 +102,8 @@ def test_every_module_the_job_imports_is_shipped_compiled(built: str) -> None:
 def test_the_image_runs_as_shipped_and_keeps_nothing_of_the_build_host(built: str) -> None:
     script = (
         'echo "$HOME"; id -u; sha256sum /etc/ssl/certs/ca-certificates.crt; '
-        "python -c 'import job.cli, job.health_reads, job.lease, job.datastores.kdd' && echo imports-ok; "
+        "python -c 'import job.cli, job.adapters.health, job.adapters.lease, job.adapters.datastores.kdd' "
+        "&& echo imports-ok; "
         "ls /venv/bin/pip /venv/lib/python3.11/site-packages/kubernetes/aio 2>&1 | grep -c 'No such file'"
     )
     ran = subprocess.run(

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from job.adapters.keep import all_names
 from job.config import OPTIONS, Config, load
-from job.keep import all_names
-from job.runner import ExitCode
+from job.flows.run import ExitCode
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x", "kdd", "no-host-network"]
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from job import __version__
-from tests.test_manifests import render
+from tests.deploy.test_manifests import render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_wheel_has_the_command_the_schema_and_the_one_version(tmp_path: Path) -> None:
@@ -27,7 +27,8 @@ def test_the_wheel_has_the_command_the_schema_and_the_one_version(tmp_path: Path
     assert wheel.name.startswith(f"calico_gc-{__version__}-")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        shipped = {"job/report.schema.json", "job/restore.schema.json", "job/cli.py", "job/datastores/etcd_http.py"}
+        shipped = {"job/report.schema.json", "job/restore.schema.json", "job/cli.py"}
+        shipped |= {"job/adapters/datastores/etcd_http.py"}
         assert shipped <= names
         (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
         assert "calico-gc = job.cli:console" in archive.read(entry_points).decode()

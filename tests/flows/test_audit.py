@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from job.cli import main
+from tests.adapters.test_etcdv2 import seeded
+from tests.adapters.test_health import Pushgateway, cli_env, pushgateway  # noqa: F401 (a fixture)
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support import scenario as s
-from tests.test_etcdv2 import seeded
-from tests.test_health import Pushgateway, cli_env, pushgateway  # noqa: F401 (a fixture)
 
 HOSTS_ASIDE = (re.escape(s.CONFLICT_ORPHAN), re.escape(s.POD_ORPHAN))
 WEB0_HANDLE_PREFIX = "/calico/ipam/v2/handle/k8s-pod-network."
@@ -195,12 +195,12 @@ def test_dual_stack_on_etcd_v2_the_orphans_ipv6_block_goes_and_the_v6_pool_is_ch
 def test_the_readme_alert_rules_use_only_metrics_a_run_pushes(harness: Harness) -> None:
     import yaml
 
-    from job.metrics import registry_for
+    from job.adapters.metrics import registry_for
 
     garbage(harness)
     report, _ = harness.run()
     pushed = {metric.name for metric in registry_for(report, 1.0, succeeded=True).collect()}
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = readme.split("A sample rule set:", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
     rules = [rule for group in yaml.safe_load(block)["groups"] for rule in group["rules"]]
     assert {"CalicoIpPoolAlmostFull", "CalicoIpamGarbage"} <= {rule["alert"] for rule in rules}

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from job.datastores.etcdv3 import EtcdV3Datastore
-from job.ipam import release
-from job.model import Step
+from job.adapters.datastores.etcdv3 import EtcdV3Datastore
+from job.core.ipam import release
+from job.core.model import Step
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
 from tests.support import scenario as s

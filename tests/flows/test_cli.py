@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from job import runner
+from job.adapters.datastores.base import Datastore
+from job.adapters.kube import KubeError, api_client
 from job.cli import main
 from job.config import OPTIONS, Config, ConfigError, load, parse_duration
-from job.datastores.base import Datastore
-from job.kube import KubeError, api_client
+from job.flows import run as runner
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
 
@@ -252,7 +252,7 @@ def test_exclude_from_the_environment_is_one_pattern_per_line() -> None:
 
 
 def test_readme_documents_every_flag_and_variable() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for option in OPTIONS:
         assert f"`{option.flag}" in readme and f"`{option.env}`" in readme, option.flag
     assert readme.index("make demo") < readme.index("## Why") and readme.index("make test") < readme.index("## Why")

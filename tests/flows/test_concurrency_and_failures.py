@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from tenacity import RetryCallState
 
+from job.adapters.datastores.etcdv3 import EtcdV3Datastore
+from job.adapters.kube import Kube, api_client
+from job.adapters.state import ConfigMapStateStore
 from job.config import EtcdEndpoint
-from job.datastores.etcdv3 import EtcdV3Datastore
-from job.ipam import block_shape_problem
-from job.kube import Kube, api_client
-from job.state import ConfigMapStateStore
+from job.core.ipam import block_shape_problem
 from tests.conftest import Harness, hosts_by_name, no_sleep_retry
 from tests.support import calico
 from tests.support import scenario as s

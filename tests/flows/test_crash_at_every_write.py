@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from job.model import Action
+from job.core.model import Action
+from tests.adapters.test_kdd import seed_kdd, snapshot
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support.job_process import job_argv, run_job
 from tests.support.scenario import cross_borrowing_fleet
 from tests.support.write_relay import Action as RelayAction
 from tests.support.write_relay import Trigger, WriteRelay
-from tests.test_kdd import seed_kdd, snapshot
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from job.datastores.etcdv2 import EtcdV2Datastore
-from job.datastores.etcdv3 import EtcdV3Datastore
+from job.adapters.datastores.etcdv2 import EtcdV2Datastore
+from job.adapters.datastores.etcdv3 import EtcdV3Datastore
+from tests.adapters.test_etcdv2 import seeded
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico, calico2
 from tests.support import scenario as s
-from tests.test_etcdv2 import seeded
 
 NODE = f"/calico/resources/v3/projectcalico.org/nodes/{s.POD_ORPHAN}"
 

@@ -8,12 +8,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from job.audit import BlockScan
+from job.core.scan import BlockScan
+from tests.adapters.test_etcdv2 import seeded
+from tests.adapters.test_kdd import CRD, LIVE_A, kdd, seed_kdd
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support import scenario as s
-from tests.test_etcdv2 import seeded
-from tests.test_kdd import CRD, LIVE_A, kdd, seed_kdd
 
 WEB0_IP = "100.96.0.5"  # web-0 on the first live node, in its block 100.96.0.0/26
 BLOCK = "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"

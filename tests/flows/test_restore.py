@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from job.adapters.datastores.base import DatastoreError
 from job.config import Command, load
-from job.datastores.base import DatastoreError
-from job.model import Step
+from job.core.model import Step
 from tests.conftest import Harness
 from tests.support import calico
 from tests.support import scenario as s

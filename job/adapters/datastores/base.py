@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Protocol
 
-from job.model import Inventory, IpamHandle, Step, StoredItem
+from job.core.inventory import Inventory
+from job.core.model import IpamHandle, Step, StoredItem
 
 
 class DatastoreError(Exception):

@@ -13,9 +13,9 @@ from typing import Any
 
 import requests
 
+from job.adapters.datastores.base import DatastoreError
+from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
-from job.datastores.base import DatastoreError
-from job.retry import RetryPolicy, network_reason, one_line
 
 ENDPOINTS_HINT = "check ETCD_ENDPOINTS (--etcd-endpoints)"
 # Answers are read 64 KiB at a time, not requests' 10 KiB: a range answer is megabytes, and each

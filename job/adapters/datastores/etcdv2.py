@@ -14,10 +14,9 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from job.config import Config
-from job.datastores.base import DatastoreError
-from job.datastores.etcd_http import EtcdHttp
-from job.datastores.etcdv3 import (
+from job.adapters.datastores.base import DatastoreError
+from job.adapters.datastores.etcd_http import EtcdHttp
+from job.adapters.datastores.etcdv3 import (
     Collected,
     bare_ip,
     collect_key,
@@ -25,12 +24,14 @@ from job.datastores.etcdv3 import (
     k8s_node_name,
     unregistered_names,
 )
-from job.ipam import address_in, block_data
-from job.model import (
+from job.adapters.retry import RetryPolicy
+from job.config import Config
+from job.core.inventory import Inventory
+from job.core.ipam import address_in, block_data
+from job.core.model import (
     CREATE,
     CalicoHost,
     ClusterInfo,
-    Inventory,
     IpamBlock,
     IpamHandle,
     Step,
@@ -38,7 +39,6 @@ from job.model import (
     WorkloadEndpoint,
     Write,
 )
-from job.retry import RetryPolicy
 
 HOSTS = "/calico/v1/host/"
 BGP_HOSTS = "/calico/bgp/v1/host/"

@@ -1,4 +1,4 @@
-"""Calico 3.x on etcd v3, through etcd's JSON gateway (job/datastores/etcd_http.py).
+"""Calico 3.x on etcd v3, through etcd's JSON gateway (job/adapters/datastores/etcd_http.py).
 
 The key layout (docs/calico-data.md) is known only here: reading turns keys into
 the shared model, committing turns conditional writes back into etcd transactions.
@@ -22,11 +22,12 @@ from typing import Any
 
 import msgspec
 
-from job.audit import BlockScan, find_dangling
+from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
+from job.adapters.datastores.etcd_http import EtcdHttp
+from job.adapters.retry import RetryPolicy
 from job.config import Config
-from job.datastores.base import DatastoreError, DatastoreMismatch
-from job.datastores.etcd_http import EtcdHttp
-from job.ipam import (
+from job.core.inventory import Inventory
+from job.core.ipam import (
     TUNNEL_HANDLE_PREFIXES,
     block_shape_problem,
     normal_cidr,
@@ -34,20 +35,19 @@ from job.ipam import (
     summarize_block,
     tunnel_handle_node,
 )
-from job.model import (
+from job.core.model import (
     BlockAffinity,
     CalicoHost,
     ClusterInfo,
     DataProblem,
-    Inventory,
     IpamBlock,
     IpamHandle,
     Step,
     StoredItem,
     WorkloadEndpoint,
 )
-from job.plan import is_live
-from job.retry import RetryPolicy
+from job.core.plan import is_live
+from job.core.scan import BlockScan, find_dangling
 
 RESOURCES = "/calico/resources/v3/projectcalico.org/"
 NODES = RESOURCES + "nodes/"

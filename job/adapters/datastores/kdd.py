@@ -28,22 +28,22 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from job.audit import BlockScan, find_dangling
-from job.datastores.base import DatastoreError, DatastoreMismatch
-from job.ipam import block_shape_problem, summarize_block, tunnel_handle_node
-from job.kube import Kube, KubeError, typed_page
-from job.model import (
+from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
+from job.adapters.kube import Kube, KubeError, typed_page
+from job.core.inventory import Inventory
+from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
+from job.core.model import (
     CREATE,
     BlockAffinity,
     CalicoHost,
     ClusterInfo,
     DataProblem,
-    Inventory,
     IpamBlock,
     IpamHandle,
     Step,
     StoredItem,
 )
+from job.core.scan import BlockScan, find_dangling
 
 GROUP = "/apis/crd.projectcalico.org/v1"
 BLOCKS, AFFINITIES, HANDLES = "ipamblocks", "blockaffinities", "ipamhandles"
@@ -306,9 +306,7 @@ class KddDatastore:
         scan.blocks_read()
         return scan, wanted
 
-    def _handles(
-        self, problems: list[DataProblem], keep: Callable[[str, _HandleSpec], bool]
-    ) -> dict[str, IpamHandle]:
+    def _handles(self, problems: list[DataProblem], keep: Callable[[str, _HandleSpec], bool]) -> dict[str, IpamHandle]:
         handles: dict[str, IpamHandle] = {}
 
         def one(obj: _Object) -> None:

@@ -1,0 +1,144 @@
+"""One pass over every IPAM block, made once a run: what the IPAM check, the stale-handle check and
+the leak check need of the blocks, so that each block is parsed once (and again only where a
+leak may be). A lean read makes it as it reads (Inventory.scan); otherwise the flow does."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Container, Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from job.core.ipam import Held, Networks, address_in, affinity_host, block_data
+from job.core.leaks import Allocation, pod_attribution
+from job.core.model import IpamBlock
+
+
+@dataclass
+class BlockScan:
+    """What one pass over every block gives the IPAM check, the stale-handle check and the
+    leak check, so that each block is parsed once a run (and again only where a leak may be).
+
+    Leak candidates are found in three moves, so that no set of every endpoint IP is needed: `add`
+    marks, per block, the ordinals that name a pod on a live node (leaks.pod_attribution);
+    `held_by_endpoints` clears those any workload endpoint holds (in the Kubernetes datastore, any
+    listed pod); `attribute` turns what is left into `pod_ips`, parsing only those blocks."""
+
+    live_nodes: Set[str] = frozenset()
+    calico2: bool = False
+    held: Held = field(default_factory=Held)
+    allocated: Counter[str] = field(default_factory=Counter)  # cidr -> allocations
+    node_blocks: Counter[str] = field(default_factory=Counter)  # node -> blocks affine to it
+    node_allocated: Counter[str] = field(default_factory=Counter)  # node -> allocations ("": none named)
+    dangling: list[dict[str, str]] = field(default_factory=list)  # allocations whose handle is missing
+    unheld: dict[str, int] = field(default_factory=dict)  # cidr -> bits of the ordinals above
+    pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
+    attributed: bool = False  # `pod_ips` is made (attribute): what the bits say is final
+    _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
+    _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
+
+    def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> None:
+        """One block's JSON. `dangling` is filled only when `handles` is given; a read that scans
+        blocks before it reads the handles calls find_dangling once it has."""
+        assert self._networks is None, "a block added after blocks_read"
+        per_node = self.node_allocated
+        host = affinity_host(data)
+        if host:
+            self.node_blocks[host] += 1
+        attributes = data.get("attributes") or []
+        ip_of = address_in(cidr)
+        count = bits = 0
+        for ordinal, index in enumerate(data["allocations"]):
+            if index is None:
+                continue
+            count += 1
+            attribute = attributes[index]
+            handle = attribute.get("handle_id")
+            secondary = attribute.get("secondary") or {}
+            per_node[secondary.get("node") or host or ""] += 1
+            if not handle or not isinstance(handle, str):
+                continue
+            self.held.add(handle, cidr)
+            if handles is not None and handle not in handles:
+                self.dangling.append({"ip": ip_of(ordinal), "handle": handle})
+            if pod_attribution(attribute, handle, self.live_nodes, self.calico2) is not None:
+                bits |= 1 << ordinal
+        self.allocated[cidr] = count
+        if bits:
+            self.unheld[cidr] = bits
+
+    def blocks_read(self) -> None:
+        """Every block is added: the endpoint IPs given so far are looked up, later ones at once."""
+        self._networks = Networks()
+        for cidr in self.unheld:
+            self._networks.add(cidr)
+        pending, self._pending = self._pending, []
+        self.held_by_endpoints(pending)
+
+    def held_by_endpoints(self, ips: Iterable[str]) -> None:
+        """Clear the ordinals at these workload endpoint IPs. Those given before blocks_read wait
+        for it, so that a read may scan the endpoints beside the blocks."""
+        networks = self._networks
+        if networks is None:
+            self._pending.extend(ips)
+            return
+        for ip in ips:
+            located = networks.locate(ip)
+            if located is not None:
+                cidr, ordinal = located
+                self.unheld[cidr] &= ~(1 << ordinal)
+
+    def attribute(self, blocks: Iterable[IpamBlock]) -> None:
+        """`pod_ips` from the ordinals no endpoint holds, in these blocks (those `unheld` names)."""
+        self.attributed = True
+        for block in blocks:
+            bits = self.unheld.get(block.cidr, 0)
+            if not bits:
+                continue
+            data = block_data(block)
+            attributes = data["attributes"]
+            ip_of = address_in(block.cidr)
+            for ordinal, index in enumerate(data["allocations"]):
+                if index is not None and bits >> ordinal & 1:
+                    attribute = attributes[index]
+                    handle = attribute["handle_id"]
+                    names = pod_attribution(attribute, handle, self.live_nodes, self.calico2)
+                    if names is not None:
+                        node, namespace, pod = names
+                        allocation = Allocation(ip_of(ordinal), block.cidr, ordinal, handle, node, namespace, pod)
+                        self.pod_ips[(namespace, pod)].append(allocation)
+
+
+def scan_blocks(
+    blocks: Sequence[IpamBlock],
+    live_nodes: Set[str],
+    endpoint_ips: Iterable[str],
+    handles: Container[str],
+    calico2: bool,
+    attribute: bool = True,
+) -> BlockScan:
+    """One pass over every block (BlockScan.add), and the leak candidates, unless more endpoints
+    (the pods, `attribute` False) are still to clear their IPs."""
+    scan = BlockScan(live_nodes, calico2)
+    for block in blocks:
+        scan.add(block.cidr, block_data(block), handles)
+    scan.blocks_read()
+    scan.held_by_endpoints(endpoint_ips)
+    if attribute:
+        scan.attribute(blocks)
+    return scan
+
+
+def find_dangling(blocks: Iterable[IpamBlock], missing: Set[int]) -> list[dict[str, str]]:
+    """The allocations in `blocks` whose handle id hashes into `missing` (Held's keys that no
+    handle key was read for)."""
+    found = []
+    for block in blocks:
+        data = block_data(block)
+        attributes = data.get("attributes") or []
+        ip_of = address_in(block.cidr)
+        for ordinal, index in enumerate(data["allocations"]):
+            handle = attributes[index].get("handle_id") if index is not None else None
+            if isinstance(handle, str) and hash(handle) in missing:
+                found.append({"ip": ip_of(ordinal), "handle": handle})
+    return found
