@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons lint demo run bench bench-scale bench-churn bench-kdd image lock clean
+.PHONY: help install test test-fast test-pythons lint demo run bench bench-scale bench-churn bench-kdd bench-stop image lock clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-scale  the same at 15,000 hosts"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
 	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply"
+	@echo "make bench-stop  how long a run takes to end after SIGTERM while a read hangs"
 	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -102,6 +103,9 @@ bench-churn: $(STAMP)
 
 bench-kdd: $(STAMP)
 	$(BIN)/python -m bench.kdd
+
+bench-stop: $(STAMP)
+	$(BIN)/python -m bench.stop
 
 # requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
 lock: $(STAMP)

@@ -10,11 +10,12 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -29,7 +30,7 @@ from job.core.audit import ipam_audit, with_outcomes
 from job.core.health import HealthInputs, at_or_above, diagnose, log_conflicts
 from job.core.ipam import stale_handles
 from job.core.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
-from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, KubeNode, PodInfo
+from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, PodInfo
 from job.core.plan import HANDLE_REPAIRED, plan_run
 from job.core.report import Befores, RunRecord, build
 from job.core.scan import BlockScan, scan_blocks
@@ -47,6 +48,10 @@ class ExitCode(IntEnum):
     UNHEALTHY = 5
     INTERRUPTED = 143  # SIGTERM or SIGINT: what was started was finished, nothing new begun
 
+
+T = TypeVar("T")
+STOP_POLL_S = 0.05  # how often a waiting read looks at the stop flag
+RELEASE_ON_STOP_S = 2.0  # the longest a stopped run waits to give its Lease up
 
 # Error kinds that a setting fixes (exit 2); the rest are servers failing (exit 1).
 USAGE_KINDS = frozenset({"datastore_type", "config", "tls", "unauthorized", "bad_answer"})
@@ -96,6 +101,40 @@ class Dependencies:
     stopping: threading.Event = field(default_factory=threading.Event)  # set by SIGTERM/SIGINT
 
 
+class Stopped(Exception):
+    """A stop signal came while the run was reading: it ends at once (reads change nothing)."""
+
+    def __init__(self, reading: str) -> None:
+        super().__init__(reading)
+        self.reading = reading
+
+
+def _in_background(name: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+    """`fn` in a daemon thread of its own, with this run's log context. A daemon thread, not a
+    pool's: a read that hangs is abandoned when the run stops, and the process does not wait for it."""
+    future: Future[T] = Future()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            future.set_result(context.run(fn, *args))
+        except BaseException as error:  # handed to whoever waits on it
+            future.set_exception(error)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
+
+
+def _read(deps: Dependencies, reading: str, future: Future[T]) -> T:
+    """The result of a read, or Stopped as soon as a stop signal comes: a server that accepts a
+    call and never answers must not keep a stopped run (and its Lease) alive."""
+    while not future.done():
+        if deps.stopping.is_set():
+            raise Stopped(reading)
+        wait([future], timeout=STOP_POLL_S)
+    return future.result()
+
+
 def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     """Do one run; return its report and exit code. Never raises for expected failures."""
     record = RunRecord(deps.run_id, deps.clock(), config, datastore={**deps.datastore.describe(), "cluster_guid": None})
@@ -110,6 +149,10 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     )
     try:
         code = _run_locked(config, deps, record)
+    except Stopped as stop:
+        log.warning("run_interrupted", reading=stop.reading)
+        record.error("interrupted", f"stopped by a signal while reading {stop.reading}; nothing was written")
+        record.outcome, code = "interrupted", ExitCode.INTERRUPTED
     except (KubeError, DatastoreError) as error:
         # A server or a setting, never a bug: one line, no traceback; a setting to fix is exit 2.
         log.error("run_failed", kind=error.kind, error=str(error))
@@ -128,7 +171,8 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         record.outcome, code = "unhealthy", ExitCode.UNHEALTHY
     finished = deps.clock()
     report = build(record, finished, int(code), __version__)
-    if config.events and deps.events is not None:
+    # Events are help; a stopped run does not wait on the API server to post them.
+    if config.events and deps.events is not None and not deps.stopping.is_set():
         _note_failure(report, "events", deps.events(report))
     if config.pushgateway:
         cluster = config.cluster_name or record.datastore.get("cluster_guid") or "unknown"
@@ -201,7 +245,7 @@ def _writable_names(config: Config, deps: Dependencies) -> None:
 
 
 def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
-    _writable_names(config, deps)
+    _read(deps, "RBAC (access reviews)", _in_background("access-review", _writable_names, config, deps))
     if deps.lock is None:
         return _run(config, deps, record)
     holder = deps.lock.acquire()
@@ -214,10 +258,25 @@ def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCo
     try:
         return _run(config, deps, record)
     finally:
-        try:
-            deps.lock.release()
-        except KubeError as error:
-            log.warning("lock_release_failed", error=str(error))
+        _release(deps.lock, deps.stopping.is_set())
+
+
+def _release(lock: Lock, stopping: bool) -> None:
+    """Give the Lease up; a stopped run waits RELEASE_ON_STOP_S at most (the API server may be what
+    hangs: the Lease then expires on its own, one short duration later)."""
+    released = _in_background("lease-release", lock.release)
+    wait([released], timeout=RELEASE_ON_STOP_S if stopping else None)
+    if not released.done():
+        log.warning("lock_release_abandoned", waited_s=RELEASE_ON_STOP_S)
+    elif isinstance(released.exception(), KubeError):
+        log.warning("lock_release_failed", error=str(released.exception()))
+    elif released.exception() is not None:
+        raise released.exception()  # type: ignore[misc]
+
+
+def _node_names(kube_read: Future[tuple[tuple[KubeNode, ...], HealthInputs]]) -> set[str]:
+    """The Kubernetes Node names, for the datastore read (which waits for them: see Datastore.read)."""
+    return {node.name for node in kube_read.result()[0]}
 
 
 def _read_kubernetes(
@@ -253,7 +312,7 @@ def _leaked(
             starting[key] = pod
 
     try:
-        deps.nodes.each_pod(take)
+        _read(deps, "the pods", _in_background("pods-read", deps.nodes.each_pod, take))
     except KubeError as error:
         log.warning("pods_not_listed", error=str(error))
         record.error("unreadable", f"pods could not be listed, so leaked pod IPs are not checked: {error}")
@@ -294,12 +353,12 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
     timings = record.timings
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-read") as pool:
-        kube_read = pool.submit(contextvars.copy_context().run, _read_kubernetes, deps, config, timings)
-        started = time.perf_counter()
-        inventory = deps.datastore.read(lambda: {node.name for node in kube_read.result()[0]})
-        timings["datastore_read"] = time.perf_counter() - started
-        kube_nodes, health_inputs = kube_read.result()
+    kube_read = _in_background("kube-read", _read_kubernetes, deps, config, timings)
+    started = time.perf_counter()
+    names = partial(_node_names, kube_read)
+    inventory = _read(deps, "the Calico datastore", _in_background("datastore-read", deps.datastore.read, names))
+    timings["datastore_read"] = time.perf_counter() - started
+    kube_nodes, health_inputs = _read(deps, "the Kubernetes Nodes and calico-node pods", kube_read)
     record.k8s_node_count = len(kube_nodes)
     log.info(
         "datastore_read",
@@ -318,7 +377,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if inventory.kube_controllers is not None:
         record.datastore["kube_controllers"] = dict(inventory.kube_controllers)
     try:
-        loaded = deps.state.load()
+        loaded = _read(deps, "the grace state", _in_background("state-read", deps.state.load))
     except StateError as error:
         loaded = Loaded({}, (f"could not read grace state, every wait restarts: {error}",))
     for problem in loaded.problems:
@@ -342,7 +401,10 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     handles = inventory.handles
     if leaked:  # a lean read keeps no handle of a live pod: a leaked one is read now
         unread = {a.handle for a in leaked} - set(handles)
-        handles = {**handles, **deps.datastore.handles(sorted(unread))} if unread else handles
+        if unread:
+            fetched = _in_background("handles-read", deps.datastore.handles, sorted(unread))
+            more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", fetched)
+            handles = {**handles, **more}
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
     leak_plan = None

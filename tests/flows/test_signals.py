@@ -4,17 +4,22 @@ out for one short Lease duration at most; the Lease is renewed while the run rea
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
-from tests.support.job_process import job_argv, run_job
+from tests.support.hold import HoldingServer
+from tests.support.job_process import REPO, job_argv, run_job
 from tests.support.scenario import cross_borrowing_fleet
 from tests.support.write_relay import Action as RelayAction
 from tests.support.write_relay import Trigger, WriteRelay
@@ -104,3 +109,64 @@ def test_the_lease_is_renewed_while_the_run_is_still_reading(harness: Harness, r
     assert renewed.is_set(), "the Lease was not renewed during the read"
     assert finished.code == 0, finished.stderr[-2000:]
     assert finished.report is not None and finished.report["summary"]["deleted"] == 3
+
+
+@pytest.fixture
+def holding() -> Iterator[HoldingServer]:
+    server = HoldingServer()
+    yield server
+    server.close()
+
+
+def stop_while_reading(argv: list[str], called: threading.Event) -> tuple[int, str, dict[str, Any] | None]:
+    """Run the job, SIGTERM it once the held call has come in, and return its exit code, stderr and
+    report. The run must end on its own: nothing answers the call it waits on."""
+    report = next(Path(a.split("=", 1)[1]) for a in argv if a.startswith("--report-file="))
+    environ = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "ETCD_ENDPOINTS")}
+    process = subprocess.Popen(argv, cwd=REPO, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert called.wait(timeout=60), "the job never made the call that hangs"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    return process.returncode, stderr.decode(), json.loads(report.read_text()) if report.exists() else None
+
+
+@pytest.mark.parametrize("datastore", ["etcdv3", "etcdv2"])
+def test_a_stop_signal_never_waits_on_a_hung_datastore_read(
+    harness: Harness, holding: HoldingServer, datastore: str
+) -> None:
+    argv = [a for a in job_argv(harness.kubeapi, holding, harness.tmp) if not a.startswith("--datastore-type")]
+    argv.append(f"--datastore-type={datastore}")
+    code, stderr, report = stop_while_reading(argv, holding.called)
+    assert code == 143 and "Traceback" not in stderr, stderr[-2000:]
+    assert report is not None and report["outcome"] == "interrupted" and report["exit_code"] == 143
+    (error,) = report["errors"]
+    assert error["kind"] == "interrupted" and "the Calico datastore" in error["message"]
+    lease = harness.kubeapi.get(LEASES, "calico-gc")
+    assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"
+
+
+def test_a_stop_signal_never_waits_on_a_hung_pods_list(harness: Harness, holding: HoldingServer) -> None:
+    harness.seed(cross_borrowing_fleet(3))
+    before = harness.dump()
+    release = threading.Event()
+
+    def hang() -> None:  # the leak check's list of every pod: the API server never answers it
+        holding.called.set()
+        release.wait(60)
+
+    harness.kubeapi.on("GET", "^/api/v1/pods$", hang)
+    try:
+        argv = job_argv(harness.kubeapi, holding, harness.tmp)
+        argv = [a if not a.startswith("--etcd-endpoints") else f"--etcd-endpoints={harness.etcd.url}" for a in argv]
+        code, stderr, report = stop_while_reading(argv, holding.called)
+    finally:
+        release.set()
+    assert code == 143 and "Traceback" not in stderr, stderr[-2000:]
+    assert report is not None and report["outcome"] == "interrupted"
+    assert [e["kind"] for e in report["errors"]] == ["interrupted"] and "the pods" in report["errors"][0]["message"]
+    assert harness.dump() == before, "a run stopped while reading writes nothing"
+    lease = harness.kubeapi.get(LEASES, "calico-gc")
+    assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"

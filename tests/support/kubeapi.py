@@ -541,13 +541,16 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                 data = body
             else:
                 data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if text else "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if status == 429:
-                self.send_header("Retry-After", "1")
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if status == 429:
+                    self.send_header("Retry-After", "1")
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away (stopped): as the real server
+                self.close_connection = True
 
         do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _respond
 
