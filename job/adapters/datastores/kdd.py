@@ -330,10 +330,9 @@ class KddDatastore:
         """Whether a plan may write this handle, so that a lean read keeps it: it counts other than
         what the blocks hold (stale, holding nothing, a tombstone), counts an allocation no live
         node owns, or is the tunnel handle of a node that is not live."""
-        held = handle_id in scan.held
-        if held:
+        if handle_id in scan.held:
             seen.add(hash(handle_id))
-        if spec.deleted or not held or scan.held.counts(handle_id) != spec.block:
+        if spec.deleted or not scan.held.holds_exactly(handle_id, spec.block):
             return True
         node = tunnel_handle_node(handle_id)
         return handle_id in wanted or (node is not None and node not in scan.live_nodes)
