@@ -63,14 +63,24 @@ def make_tls_files(directory: Path) -> TlsFiles:
         "2",
         "-subj",
         "/CN=test-ca",
+        # What a real CA carries: Python 3.13 verifies strictly (ssl.VERIFY_X509_STRICT) and refuses a
+        # CA without key usage, or certificates without key identifiers.
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         "-keyout",
         "ca.key",
         "-out",
         "ca.crt",
     )
     # etcd's JSON gateway dials its own gRPC port with the server certificate: it needs clientAuth too.
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
-    (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    leaf = "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+    leaf += "keyUsage=critical,digitalSignature,keyEncipherment\n"
+    (directory / "server.ext").write_text(
+        f"{leaf}subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    (directory / "client.ext").write_text(f"{leaf}extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
         openssl(
             "req",
