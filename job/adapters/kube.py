@@ -38,7 +38,9 @@ POD_NETWORK_PODS = "spec.hostNetwork=false"
 Page = Callable[[bytes], tuple[Sequence[Any], str | None]]  # a list page's items and continue token
 
 
-class _ListMeta(msgspec.Struct, frozen=True):
+class ListMeta(msgspec.Struct, frozen=True):
+    """A list's metadata, as far as paging needs it (typed_page)."""
+
     continue_: str | None = msgspec.field(default=None, name="continue")
 
 
@@ -67,7 +69,7 @@ class _Pod(msgspec.Struct, frozen=True):
 
 
 class _PodList(msgspec.Struct, frozen=True):
-    metadata: _ListMeta = _ListMeta()
+    metadata: ListMeta = ListMeta()
     items: list[_Pod] | None = None
 
 

@@ -14,7 +14,7 @@ name the hosts, then the blocks are listed and scanned for the IPAM check (`audi
 then the handles, each kept only when a plan may write it. Every list is decoded typed, page by
 page: `managedFields` and the rest of an object's metadata beyond what a write must send back are
 never built. The pods are the workload endpoints here: the leak check clears the scan's bits with
-the listed pods' IPs (runner, `Inventory.pods_are_endpoints`).
+the listed pods' IPs (flows/run.py, `Inventory.pods_are_endpoints`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
-from job.adapters.kube import Kube, KubeError, typed_page
+from job.adapters.kube import Kube, KubeError, ListMeta, typed_page
 from job.core.inventory import Inventory
 from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
 from job.core.model import (
@@ -94,12 +94,8 @@ class _Object(msgspec.Struct):
     status: msgspec.Raw | None = None
 
 
-class _ListMeta(msgspec.Struct):
-    continue_: str | None = msgspec.field(default=None, name="continue")
-
-
 class _List(msgspec.Struct):
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    metadata: ListMeta = ListMeta()
     items: list[_Object] | None = None
 
 
