@@ -60,7 +60,7 @@ def _with_previous_log(kube: Kube, pod: CalicoNodePod, config: Config) -> Calico
     try:
         # Once, not retried: without a reachable kubelet (a node whose network is broken) the
         # log is a 500 every time, and only this pod's cause is lost, never the whole check.
-        text = kube.request_text("GET", path, query, retry=False)
+        text = kube.request_bytes("GET", path, query, retry=False).decode(errors="replace")
     except KubeError as error:
         # 400: no previous container yet; 404: gone meanwhile
         return replace(pod, log_error=None if error.status in (400, 404) else str(error))

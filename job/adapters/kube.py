@@ -191,7 +191,7 @@ class Kube:
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """One API call with retries; a non-2xx answer raises KubeError with its status."""
-        text = self.request_text(method, path, query, body)
+        text = self.request_bytes(method, path, query, body).decode(errors="replace")
         try:
             data = json.loads(text)
         except ValueError:
@@ -238,16 +238,6 @@ class Kube:
         if configuration.cert_file:
             return f"the client certificate {configuration.cert_file}"
         return "the anonymous request: the configuration carries no credential"
-
-    def request_text(
-        self,
-        method: str,
-        path: str,
-        query: dict[str, Any] | None = None,
-        body: dict[str, Any] | None = None,
-        retry: bool = True,
-    ) -> str:
-        return self.request_bytes(method, path, query, body, retry).decode(errors="replace")
 
     def request_bytes(
         self,
