@@ -68,6 +68,46 @@ class _Pod(msgspec.Struct, frozen=True):
     status: _PodStatus = _PodStatus()
 
 
+class _Address(msgspec.Struct, frozen=True):
+    type: str = ""
+    address: str = ""
+
+
+class _Condition(msgspec.Struct, frozen=True):
+    type: str = ""
+    status: str = ""
+    reason: str | None = None
+    message: str | None = None
+    lastTransitionTime: str | None = None  # the API's names
+
+
+class _Taint(msgspec.Struct, frozen=True):
+    key: str = ""
+    timeAdded: str | None = None
+
+
+class _NodeSpec(msgspec.Struct, frozen=True):
+    taints: list[_Taint] | None = None
+
+
+class _NodeStatus(msgspec.Struct, frozen=True):
+    addresses: list[_Address] | None = None
+    conditions: list[_Condition] | None = None
+
+
+class _Node(msgspec.Struct, frozen=True):
+    """What the job uses of a Node; its status (images, volumes) and managedFields are skipped."""
+
+    metadata: _PodMeta = _PodMeta()
+    spec: _NodeSpec = _NodeSpec()
+    status: _NodeStatus = _NodeStatus()
+
+
+class _NodeList(msgspec.Struct, frozen=True):
+    metadata: ListMeta = ListMeta()
+    items: list[_Node] | None = None
+
+
 class _PodList(msgspec.Struct, frozen=True):
     metadata: ListMeta = ListMeta()
     items: list[_Pod] | None = None
@@ -95,6 +135,7 @@ def _json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
 
 
 _POD_PAGE = typed_page(_PodList)
+_NODE_PAGE = typed_page(_NodeList)
 
 
 class KubeError(Exception):
@@ -308,8 +349,9 @@ class Kube:
         raise KubeError(f"listing {path} kept expiring ({MAX_LIST_RESTARTS} restarts)")
 
     def list_nodes(self) -> tuple[KubeNode, ...]:
-        """All Nodes, with their addresses and network-unavailable state."""
-        return tuple(self.list_all("/api/v1/nodes", _kube_node))
+        """All Nodes, with their addresses and network-unavailable state: decoded typed, a Node is
+        only those (a real one is 10-20 KB, most of it status and managedFields)."""
+        return tuple(self.list_all("/api/v1/nodes", _kube_node, page=_NODE_PAGE))
 
     def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None:
         """Every Pod on the pod network, page by page, handed to `take` as (namespace, name) and
@@ -407,30 +449,20 @@ def _pod_info(item: dict[str, Any]) -> PodInfo:
     return PodInfo(node if isinstance(node, str) else None, tuple(ip for ip in ips if isinstance(ip, str)))
 
 
-def _kube_node(item: dict[str, Any]) -> KubeNode:
-    status = item.get("status") or {}
-    addresses = status.get("addresses") or []
-    internal = tuple(
-        a["address"] for a in addresses if isinstance(a, dict) and a.get("type") == "InternalIP" and a.get("address")
-    )
+def _kube_node(node: _Node) -> KubeNode:
+    status = node.status
+    internal = tuple(a.address for a in status.addresses or () if a.type == "InternalIP" and a.address)
     condition = next(
-        (
-            c
-            for c in status.get("conditions") or []
-            if c.get("type") == "NetworkUnavailable" and c.get("status") == "True"
-        ),
-        None,
+        (c for c in status.conditions or () if c.type == "NetworkUnavailable" and c.status == "True"), None
     )
-    taint = next(
-        (t for t in (item.get("spec") or {}).get("taints") or [] if t.get("key") == NETWORK_UNAVAILABLE_TAINT), None
-    )
+    taint = next((t for t in node.spec.taints or () if t.key == NETWORK_UNAVAILABLE_TAINT), None)
     unavailable = None
     if condition or taint:
         unavailable = NetworkUnavailable(
-            since=(condition or {}).get("lastTransitionTime") or (taint or {}).get("timeAdded"),
-            reason=(condition or {}).get("reason"),
-            message=(condition or {}).get("message"),
+            since=(condition.lastTransitionTime if condition else None) or (taint.timeAdded if taint else None),
+            reason=condition.reason if condition else None,
+            message=condition.message if condition else None,
             condition=condition is not None,
-            taint_added=(taint or {}).get("timeAdded") if taint else None,
+            taint_added=taint.timeAdded if taint else None,
         )
-    return KubeNode(str((item.get("metadata") or {}).get("name", "")), internal, unavailable)
+    return KubeNode(node.metadata.name, internal, unavailable)
