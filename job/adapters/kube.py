@@ -44,7 +44,7 @@ class ListMeta(msgspec.Struct, frozen=True):
     continue_: str | None = msgspec.field(default=None, name="continue")
 
 
-class _PodMeta(msgspec.Struct, frozen=True):
+class _Named(msgspec.Struct, frozen=True):
     name: str = ""
     namespace: str = ""
 
@@ -63,7 +63,7 @@ class _PodStatus(msgspec.Struct, frozen=True):
 
 
 class _Pod(msgspec.Struct, frozen=True):
-    metadata: _PodMeta = _PodMeta()
+    metadata: _Named = _Named()
     spec: _PodSpec = _PodSpec()
     status: _PodStatus = _PodStatus()
 
@@ -98,24 +98,18 @@ class _NodeStatus(msgspec.Struct, frozen=True):
 class _Node(msgspec.Struct, frozen=True):
     """What the job uses of a Node; its status (images, volumes) and managedFields are skipped."""
 
-    metadata: _PodMeta = _PodMeta()
+    metadata: _Named = _Named()
     spec: _NodeSpec = _NodeSpec()
     status: _NodeStatus = _NodeStatus()
 
 
-class _NodeList(msgspec.Struct, frozen=True):
-    metadata: ListMeta = ListMeta()
-    items: list[_Node] | None = None
-
-
-class _PodList(msgspec.Struct, frozen=True):
-    metadata: ListMeta = ListMeta()
-    items: list[_Pod] | None = None
-
-
-def typed_page(kind: type[msgspec.Struct]) -> Page:
-    """A page decoder for a list whose `items` and `metadata.continue` are those of `kind`."""
-    decoder = msgspec.json.Decoder(kind)
+def typed_page(item: type[msgspec.Struct]) -> Page:
+    """A page decoder for a list of `item`s: its items, decoded as `item`, and its continue token."""
+    listed = msgspec.defstruct(
+        f"{item.__name__}List",
+        [("metadata", ListMeta, ListMeta()), ("items", list[item] | None, None)],  # type: ignore[valid-type]
+    )
+    decoder = msgspec.json.Decoder(listed)
 
     def decode(raw: bytes) -> tuple[Sequence[Any], str | None]:
         try:
@@ -134,8 +128,8 @@ def _json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
     return page.get("items") or (), (page.get("metadata") or {}).get("continue") or None
 
 
-_POD_PAGE = typed_page(_PodList)
-_NODE_PAGE = typed_page(_NodeList)
+_POD_PAGE = typed_page(_Pod)
+_NODE_PAGE = typed_page(_Node)
 
 
 class KubeError(Exception):

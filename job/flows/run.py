@@ -109,7 +109,7 @@ class Stopped(Exception):
         self.reading = reading
 
 
-def _in_background(name: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+def _in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
     """`fn` in a daemon thread of its own, with this run's log context. A daemon thread, not a
     pool's: a read that hangs is abandoned when the run stops, and the process does not wait for it."""
     future: Future[T] = Future()
@@ -121,11 +121,16 @@ def _in_background(name: str, fn: Callable[..., T], *args: Any) -> Future[T]:
         except BaseException as error:  # handed to whoever waits on it
             future.set_exception(error)
 
-    threading.Thread(target=work, name=name, daemon=True).start()
+    threading.Thread(target=work, name=getattr(fn, "__name__", "read"), daemon=True).start()
     return future
 
 
-def _read(deps: Dependencies, reading: str, future: Future[T]) -> T:
+def _read(deps: Dependencies, reading: str, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, a read, in a thread of its own (_await)."""
+    return _await(deps, reading, _in_background(fn, *args))
+
+
+def _await(deps: Dependencies, reading: str, future: Future[T]) -> T:
     """The result of a read, or Stopped as soon as a stop signal comes: a server that accepts a
     call and never answers must not keep a stopped run (and its Lease) alive."""
     while not future.done():
@@ -245,7 +250,7 @@ def _writable_names(config: Config, deps: Dependencies) -> None:
 
 
 def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
-    _read(deps, "RBAC (access reviews)", _in_background("access-review", _writable_names, config, deps))
+    _read(deps, "RBAC (access reviews)", _writable_names, config, deps)
     if deps.lock is None:
         return _run(config, deps, record)
     holder = deps.lock.acquire()
@@ -264,7 +269,7 @@ def _run_locked(config: Config, deps: Dependencies, record: RunRecord) -> ExitCo
 def _release(lock: Lock, stopping: bool) -> None:
     """Give the Lease up; a stopped run waits RELEASE_ON_STOP_S at most (the API server may be what
     hangs: the Lease then expires on its own, one short duration later)."""
-    released = _in_background("lease-release", lock.release)
+    released = _in_background(lock.release)
     wait([released], timeout=RELEASE_ON_STOP_S if stopping else None)
     if not released.done():
         log.warning("lock_release_abandoned", waited_s=RELEASE_ON_STOP_S)
@@ -312,7 +317,7 @@ def _leaked(
             starting[key] = pod
 
     try:
-        _read(deps, "the pods", _in_background("pods-read", deps.nodes.each_pod, take))
+        _read(deps, "the pods", deps.nodes.each_pod, take)
     except KubeError as error:
         log.warning("pods_not_listed", error=str(error))
         record.error("unreadable", f"pods could not be listed, so leaked pod IPs are not checked: {error}")
@@ -353,12 +358,12 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
     timings = record.timings
-    kube_read = _in_background("kube-read", _read_kubernetes, deps, config, timings)
+    kube_read = _in_background(_read_kubernetes, deps, config, timings)
     started = time.perf_counter()
     names = partial(_node_names, kube_read)
-    inventory = _read(deps, "the Calico datastore", _in_background("datastore-read", deps.datastore.read, names))
+    inventory = _read(deps, "the Calico datastore", deps.datastore.read, names)
     timings["datastore_read"] = time.perf_counter() - started
-    kube_nodes, health_inputs = _read(deps, "the Kubernetes Nodes and calico-node pods", kube_read)
+    kube_nodes, health_inputs = _await(deps, "the Kubernetes Nodes and calico-node pods", kube_read)
     record.k8s_node_count = len(kube_nodes)
     log.info(
         "datastore_read",
@@ -377,7 +382,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if inventory.kube_controllers is not None:
         record.datastore["kube_controllers"] = dict(inventory.kube_controllers)
     try:
-        loaded = _read(deps, "the grace state", _in_background("state-read", deps.state.load))
+        loaded = _read(deps, "the grace state", deps.state.load)
     except StateError as error:
         loaded = Loaded({}, (f"could not read grace state, every wait restarts: {error}",))
     for problem in loaded.problems:
@@ -402,8 +407,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     if leaked:  # a lean read keeps no handle of a live pod: a leaked one is read now
         unread = {a.handle for a in leaked} - set(handles)
         if unread:
-            fetched = _in_background("handles-read", deps.datastore.handles, sorted(unread))
-            more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", fetched)
+            more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", deps.datastore.handles, sorted(unread))
             handles = {**handles, **more}
     plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
-from job.adapters.kube import Kube, KubeError, ListMeta, typed_page
+from job.adapters.kube import Kube, KubeError, typed_page
 from job.core.inventory import Inventory
 from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
 from job.core.model import (
@@ -94,11 +94,6 @@ class _Object(msgspec.Struct):
     status: msgspec.Raw | None = None
 
 
-class _List(msgspec.Struct):
-    metadata: ListMeta = ListMeta()
-    items: list[_Object] | None = None
-
-
 class _HandleSpec(msgspec.Struct):
     """What the read judges a handle by; a handle of another shape is parsed whole instead."""
 
@@ -107,7 +102,7 @@ class _HandleSpec(msgspec.Struct):
     deleted: bool = False
 
 
-_PAGE = typed_page(_List)
+_PAGE = typed_page(_Object)
 _HANDLE_SPEC = msgspec.json.Decoder(_HandleSpec)
 
 
