@@ -170,3 +170,30 @@ def test_a_stop_signal_never_waits_on_a_hung_pods_list(harness: Harness, holding
     assert harness.dump() == before, "a run stopped while reading writes nothing"
     lease = harness.kubeapi.get(LEASES, "calico-gc")
     assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"
+
+
+def test_a_stopped_run_does_not_wait_on_a_hung_lease_release(harness: Harness, holding: HoldingServer) -> None:
+    """When the API server is what hangs, the Lease cannot be given up: the run waits 2 s at most,
+    says so, and exits 143 all the same (the Lease then expires on its own)."""
+    harness.seed(cross_borrowing_fleet(3))
+    release = threading.Event()
+
+    def hang_pods() -> None:
+        holding.called.set()
+        release.wait(120)
+
+    def hang_lease_once_stopping() -> None:  # the Lease was taken before the pods were listed
+        if holding.called.is_set():
+            release.wait(120)
+
+    harness.kubeapi.on("GET", "^/api/v1/pods$", hang_pods)
+    harness.kubeapi.on("GET", f"^{LEASES}/calico-gc$", hang_lease_once_stopping, times=100)
+    try:
+        argv = job_argv(harness.kubeapi, holding, harness.tmp)
+        argv = [a if not a.startswith("--etcd-endpoints") else f"--etcd-endpoints={harness.etcd.url}" for a in argv]
+        code, stderr, report = stop_while_reading(argv, holding.called)
+    finally:
+        release.set()
+    assert code == 143 and "Traceback" not in stderr, stderr[-2000:]
+    assert report is not None and report["outcome"] == "interrupted"
+    assert "lock_release_abandoned" in stderr
