@@ -17,11 +17,9 @@ import requests
 R = "/calico/resources/v3/projectcalico.org/"
 
 
-WRITER = {"separators": (",", ":")}  # as Calico's Go encoder writes; SHAPES["spread"] writes as another tool
-
-
 def _dump(value: object) -> str:
-    return json.dumps(value, **WRITER)  # type: ignore[arg-type]
+    """As Calico's Go encoder writes (the "spread" shape rewrites it as another tool would)."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 # How the fleet is laid out, so that a change cannot tune to one layout. "together": the orphans
@@ -49,7 +47,6 @@ def _block(index: int) -> tuple[str, str]:
     return f"100.{a}.{b}.0/26", f"100.{a}.{b}."
 
 
-_namespaces = 7  # the fleet's pod namespaces (SHAPES)
 BORROWER = 999  # the pod number of an orphan's pod whose IP it borrowed from a live host's block
 BORROWED_ORDINAL = 63
 
@@ -58,11 +55,11 @@ def _pod_handle(index: int, pod: int) -> str:
     return f"k8s-pod-network.{index:06x}{pod:06x}cafe"
 
 
-def _pod_attribute(index: int, pod: int) -> dict[str, object]:
+def _pod_attribute(index: int, pod: int, namespaces: int = NAMESPACES["together"]) -> dict[str, object]:
     return {
         "handle_id": _pod_handle(index, pod),
         "secondary": {
-            "namespace": f"team-{pod % _namespaces}",
+            "namespace": f"team-{pod % namespaces}",
             "node": host_name(index),
             "pod": f"app-{index}-{pod}",
             "timestamp": "2026-01-01 00:00:00.000000000 +0000 UTC",
@@ -70,25 +67,25 @@ def _pod_attribute(index: int, pod: int) -> dict[str, object]:
     }
 
 
-def _pod_keys(index: int, pod: int, ip: str, cidr: str) -> Iterator[tuple[str, str]]:
+def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int) -> Iterator[tuple[str, str]]:
     """A pod's handle and workload endpoint (its allocation is in the block's value)."""
     name, container = host_name(index), f"{index:06x}{pod:06x}cafe"
     yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod)}", _dump({"block": {cidr: 1}, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
-        f"{R}workloadendpoints/team-{pod % _namespaces}/{wep}",
+        f"{R}workloadendpoints/team-{pod % namespaces}/{wep}",
         _dump(
             {
                 "kind": "WorkloadEndpoint",
                 "apiVersion": "projectcalico.org/v3",
                 "metadata": {
                     "name": wep,
-                    "namespace": f"team-{pod % _namespaces}",
+                    "namespace": f"team-{pod % namespaces}",
                     "uid": f"{container}-uid",
                     "creationTimestamp": "2026-01-01T00:00:00Z",
                     "labels": {
                         "app": f"app-{pod}",
-                        "projectcalico.org/namespace": f"team-{pod % _namespaces}",
+                        "projectcalico.org/namespace": f"team-{pod % namespaces}",
                         "projectcalico.org/orchestrator": "k8s",
                         "projectcalico.org/serviceaccount": "default",
                     },
@@ -101,7 +98,7 @@ def _pod_keys(index: int, pod: int, ip: str, cidr: str) -> Iterator[tuple[str, s
                     "endpoint": "eth0",
                     "serviceAccountName": "default",
                     "ipNetworks": [f"{ip}/32"],
-                    "profiles": [f"kns.team-{pod % _namespaces}", "ksa.team.default"],
+                    "profiles": [f"kns.team-{pod % namespaces}", "ksa.team.default"],
                     "interfaceName": f"cali{container[:11]}",
                     "mac": "ee:ee:ee:ee:ee:ee",
                 },
@@ -117,6 +114,7 @@ def host_keys(
     lends_to: int | None = None,
     borrows_from: int | None = None,
     felix_reports: bool = True,
+    namespaces: int = NAMESPACES["together"],
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
     `borrows_from`: the live host whose block holds this orphan's borrower pod's IP."""
@@ -150,15 +148,15 @@ def host_keys(
     yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
     for pod in range(pods):
         ordinal = pod + 2
-        attributes.append(_pod_attribute(index, pod))
+        attributes.append(_pod_attribute(index, pod, namespaces))
         allocations[ordinal] = len(attributes) - 1
-        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr)
+        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr, namespaces)
     if lends_to is not None:
-        attributes.append(_pod_attribute(lends_to, BORROWER))
+        attributes.append(_pod_attribute(lends_to, BORROWER, namespaces))
         allocations[BORROWED_ORDINAL] = len(attributes) - 1
     if borrows_from is not None:
         lender_cidr, lender_prefix = _block(borrows_from)
-        yield from _pod_keys(index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr)
+        yield from _pod_keys(index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr, namespaces)
     used = {o for o, v in enumerate(allocations) if v is not None}
     yield (
         f"/calico/ipam/v2/assignment/ipv4/block/{cidr.replace('/', '-')}",
@@ -201,10 +199,6 @@ def datastore(
     live = hosts - orphans
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
     gone = orphan_indexes(hosts, orphans, shape)
-    WRITER.clear()
-    WRITER.update({"separators": (",", ":")} if shape == "together" else {})
-    global _namespaces
-    _namespaces = NAMESPACES[shape]
     yield (
         f"{R}clusterinformations/default",
         _dump(
@@ -224,7 +218,9 @@ def datastore(
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
-        yield from host_keys(index, pods, orphan, lends_to, borrows_from, felix_reports=shape == "together")
+        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", NAMESPACES[shape])
+        # Another tool's encoder: spaces after the separators (Python's default).
+        yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)
 
 
 def load(url: str, keys: Iterator[tuple[str, str]]) -> int:
