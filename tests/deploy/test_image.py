@@ -176,7 +176,7 @@ def test_tls_to_etcd_with_the_certificates_mounted_as_the_manifests_mount_them(
 
 def test_sigterm_to_the_job_as_pid_1_of_the_container(built: str, harness: Harness) -> None:
     harness.seed(s.cross_borrowing_fleet(3))
-    relay = WriteRelay(harness.etcd.url)
+    relay = WriteRelay(harness.etcd)
     name = f"calico-gc-sigterm-{os.getpid()}"
 
     def to_container(signum: int) -> None:

@@ -28,7 +28,7 @@ from tests.support.write_relay import Trigger, WriteRelay
 
 @pytest.fixture
 def relay(harness: Harness) -> Iterator[WriteRelay]:
-    relay = WriteRelay(harness.etcd.url)
+    relay = WriteRelay(harness.etcd)
     yield relay
     relay.close()
 

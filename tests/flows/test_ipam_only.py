@@ -81,17 +81,17 @@ def test_a_node_registering_while_etcd_v3_is_read_is_not_seen_half(
     newcomer = calico.CalicoSeed()
     newcomer.block("100.96.50.0/26", "newcomer")
     newcomer.node("newcomer", ipv4="10.0.1.50", tunnel_ip="100.96.50.1")
-    real = EtcdV3Datastore._range
+    real = EtcdV3Datastore.range
     calls = []
 
-    def range_then_register(self: Any, start: str, end: str | None, revision: int | None, *rest: Any) -> dict[str, Any]:
+    def range_then_register(self: Any, start: str, end: bytes | None, revision: int | None, *rest: Any) -> Any:
         answer = real(self, start, end, revision, *rest)
         if not calls:  # right after the revision is pinned
             calico.load(harness.etcd.url, newcomer.keys)
         calls.append(start)
         return answer
 
-    monkeypatch.setattr(EtcdV3Datastore, "_range", range_then_register)
+    monkeypatch.setattr(EtcdV3Datastore, "range", range_then_register)
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and "newcomer" not in hosts_by_name(report)
     assert set(newcomer.keys) <= set(values(harness))

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
-from tests.support.hold import HoldingServer
+from tests.support.hold import HoldingGrpcServer, HoldingServer
 from tests.support.job_process import REPO, job_argv, run_job
 from tests.support.scenario import cross_borrowing_fleet
 from tests.support.write_relay import Action as RelayAction
@@ -37,7 +37,7 @@ def pid_namespaces_work() -> bool:
 
 @pytest.fixture
 def relay(harness: Harness) -> Iterator[WriteRelay]:
-    relay = WriteRelay(harness.etcd.url)
+    relay = WriteRelay(harness.etcd)
     yield relay
     relay.close()
 
@@ -133,13 +133,20 @@ def stop_while_reading(argv: list[str], called: threading.Event) -> tuple[int, s
     return process.returncode, stderr.decode(), json.loads(report.read_text()) if report.exists() else None
 
 
-@pytest.mark.parametrize("datastore", ["etcdv3", "etcdv2"])
+@pytest.mark.parametrize("datastore", ["etcdv3", "etcdv3-call-in-flight", "etcdv2"])
 def test_a_stop_signal_never_waits_on_a_hung_datastore_read(
     harness: Harness, holding: HoldingServer, datastore: str
 ) -> None:
-    argv = [a for a in job_argv(harness.kubeapi, holding, harness.tmp) if not a.startswith("--datastore-type")]
-    argv.append(f"--datastore-type={datastore}")
-    code, stderr, report = stop_while_reading(argv, holding.called)
+    """A server that takes the connection and says nothing, and (gRPC) one that takes the call
+    and never answers it: the run ends at the signal, its call cancelled as the channel closes."""
+    held: HoldingServer | HoldingGrpcServer = HoldingGrpcServer() if datastore.endswith("in-flight") else holding
+    try:
+        argv = [a for a in job_argv(harness.kubeapi, held, harness.tmp) if not a.startswith("--datastore-type")]
+        argv.append(f"--datastore-type={datastore.split('-', 1)[0]}")
+        code, stderr, report = stop_while_reading(argv, held.called)
+    finally:
+        if held is not holding:
+            held.close()
     assert code == 143 and "Traceback" not in stderr, stderr[-2000:]
     assert report is not None and report["outcome"] == "interrupted" and report["exit_code"] == 143
     (error,) = report["errors"]

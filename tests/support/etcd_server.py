@@ -123,11 +123,13 @@ def make_tls_files(directory: Path) -> TlsFiles:
 class EtcdServer:
     """Start, stop and restart (same data, same port) one etcd member."""
 
-    def __init__(self, workdir: Path | None = None, tls: TlsFiles | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, tls: TlsFiles | None = None, name: str = "t") -> None:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="calico-gc-etcd-"))
         self.tls = tls
+        self.name = name
         self.client_port = free_port()
         self.peer_port = free_port()
+        self.initial_cluster: str | None = None  # the members, when this is one of a cluster's
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -138,12 +140,16 @@ class EtcdServer:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
-    def start(self) -> None:
-        peer = f"http://127.0.0.1:{self.peer_port}"
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    def start(self, wait: bool = True) -> None:
+        peer = self.peer_url
         command = [
             etcd_binary(),
             "--name",
-            "t",
+            self.name,
             "--data-dir",
             str(self.workdir / "data"),
             "--listen-client-urls",
@@ -155,7 +161,7 @@ class EtcdServer:
             "--initial-advertise-peer-urls",
             peer,
             "--initial-cluster",
-            f"t={peer}",
+            self.initial_cluster or f"{self.name}={peer}",
             "--initial-cluster-state",
             "new",
             "--heartbeat-interval",
@@ -184,9 +190,10 @@ class EtcdServer:
             stderr=subprocess.DEVNULL,
             env={**os.environ, "ETCD_UNSUPPORTED_ARCH": os.uname().machine},
         )
-        self._wait_healthy()
+        if wait:
+            self.wait_healthy()
 
-    def _wait_healthy(self) -> None:
+    def wait_healthy(self) -> None:
         session = requests.Session()
         session.trust_env = False
         if self.tls:
@@ -214,3 +221,33 @@ class EtcdServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class EtcdCluster:
+    """Three etcd members on loopback: failover, a member down, a leader lost."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.members = [EtcdServer(name=f"m{i}") for i in range(size)]
+        cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        for member in self.members:
+            member.initial_cluster = cluster
+
+    def start(self) -> None:
+        for member in self.members:  # a member waits for a quorum: all start before any is asked
+            member.start(wait=False)
+        for member in self.members:
+            member.wait_healthy()
+
+    def leader(self) -> EtcdServer:
+        """The member that leads now (each member's status names the leader's id)."""
+        for member in self.members:
+            if member.process is None:
+                continue
+            status = requests.post(f"{member.url}/v3/maintenance/status", json={}, timeout=10).json()
+            if status.get("leader") == status.get("header", {}).get("member_id"):
+                return member
+        raise RuntimeError("no member leads")
+
+    def close(self) -> None:
+        for member in self.members:
+            member.close()

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
 
 
 class HoldingServer:
@@ -42,3 +45,34 @@ class HoldingServer:
         self._listener.close()
         for connection in self._held:
             connection.close()
+
+
+class HoldingGrpcServer:
+    """A gRPC server that takes every call and never answers it: a hung etcd v3 whose HTTP/2
+    connection is up and whose calls are in flight (HoldingServer's never gets that far)."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self._release = threading.Event()
+        outer = self
+
+        class Hold(grpc.GenericRpcHandler):
+            def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+                def hold(request: bytes, context: grpc.ServicerContext) -> bytes:
+                    outer.called.set()
+                    outer._release.wait(120)
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "held")
+
+                return grpc.unary_unary_rpc_method_handler(hold)
+
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=8), handlers=[Hold()])
+        self._port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    def close(self) -> None:
+        self._release.set()
+        self._server.stop(grace=None)

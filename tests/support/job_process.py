@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.hold import HoldingGrpcServer, HoldingServer
 from tests.support.kubeapi import KubeApiServer
 from tests.support.write_relay import Trigger, WriteRelay
 
@@ -26,15 +27,20 @@ class Finished:
     report: dict[str, Any] | None
 
 
-def job_argv(kubeapi: KubeApiServer, relay: WriteRelay, tmp: Path, *extra: str) -> list[str]:
+def job_argv(
+    kubeapi: KubeApiServer, relay: WriteRelay | HoldingServer | HoldingGrpcServer, tmp: Path, *extra: str
+) -> list[str]:
+    """The job's command line with its etcd behind `relay` (the v2 keys API's when `extra` asks
+    for etcdv2)."""
     kubeconfig = kubeapi.write_kubeconfig(tmp / "kubeconfig")
+    url = relay.v2_url if isinstance(relay, WriteRelay) and "--datastore-type=etcdv2" in extra else relay.url
     return [
         sys.executable,
         "-m",
         "job",
         "--apply",
         "--datastore-type=etcdv3",
-        f"--etcd-endpoints={relay.url}",
+        f"--etcd-endpoints={url}",
         f"--kubeconfig={kubeconfig}",
         f"--state-file={tmp / 'process-state.json'}",
         f"--report-file={tmp / 'process-report.json'}",

@@ -1,39 +1,46 @@
-"""An HTTP relay on loopback between the job and etcd's JSON gateway that counts write
-transactions and can act at the Nth one: SIGKILL the job before the write reaches etcd, or
-after etcd committed it but before the answer is sent back; make the write's compare fail by
-rewriting one of its keys first (what a concurrent writer does); or send SIGTERM and let the
-write through.
+"""A relay on loopback between the job and a real etcd that counts write transactions and can
+act at the Nth one: SIGKILL the job before the write reaches etcd, or after etcd committed it
+but before the answer is sent back; make the write's compare fail by rewriting one of its keys
+first (what a concurrent writer does); or send SIGTERM and let the write through.
 
-The signal is sent inside the request handler, before the job can read an answer, so where
-the job is hit is exact and repeatable: no timing is involved.
+It speaks both of etcd's APIs the job uses: gRPC for v3 (`url`: grpcio's generic handlers pass
+every call through as bytes, a Txn is decoded only to tell a write from a read) and HTTP for the
+v2 keys API (`v2_url`). The signal is sent inside the handler, before the job can read an
+answer, so where the job is hit is exact and repeatable: no timing is involved.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+import grpc
 import requests
+from etcd3.etcdrpc import rpc_pb2, rpc_pb2_grpc
 
+from tests.support.etcd_server import EtcdServer
+
+T = TypeVar("T")
 Action = Literal["kill_before", "kill_after", "conflict", "sigterm", "sigint"]
 
 
-def is_write(method: str, path: str, body: dict[str, Any]) -> bool:
-    """A request that changes the keyspace: a v3 txn with puts or deletes, a put, a delete range;
-    a v2 PUT or DELETE."""
-    if method in ("PUT", "DELETE"):
+KV = "/etcdserverpb.KV/"
+
+
+def is_grpc_write(method: str, request: bytes) -> bool:
+    """A v3 call that changes the keyspace: a put, a delete range, a txn with puts or deletes."""
+    if method in (KV + "Put", KV + "DeleteRange"):
         return True
-    if path.endswith(("/kv/put", "/kv/deleterange")):
-        return True
-    if path.endswith("/kv/txn"):
-        ops = [*body.get("success", []), *body.get("failure", [])]
-        return any("request_put" in op or "request_delete_range" in op for op in ops)
+    if method == KV + "Txn":
+        txn = rpc_pb2.TxnRequest.FromString(request)
+        ops = [*txn.success, *txn.failure]
+        return any(op.WhichOneof("request") in ("request_put", "request_delete_range") for op in ops)
     return False
 
 
@@ -44,8 +51,8 @@ class Trigger:
 
 
 class WriteRelay:
-    def __init__(self, etcd_url: str) -> None:
-        self.etcd_url = etcd_url
+    def __init__(self, etcd: EtcdServer) -> None:
+        self.etcd_url = etcd.url
         self.send_signal: Callable[[int], None] = lambda _: None  # to the job under test
         self.trigger: Trigger | None = None
         self.writes = 0
@@ -57,9 +64,20 @@ class WriteRelay:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._upstream = grpc.insecure_channel(f"127.0.0.1:{etcd.client_port}")
+        self._kv = rpc_pb2_grpc.KVStub(self._upstream)
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=16), handlers=[_GrpcRelay(self)])
+        self._grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self._grpc.start()
 
     @property
     def url(self) -> str:
+        """etcd v3, gRPC."""
+        return f"http://127.0.0.1:{self._grpc_port}"
+
+    @property
+    def v2_url(self) -> str:
+        """etcd v2, HTTP."""
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def reset(self, trigger: Trigger | None) -> None:
@@ -68,6 +86,8 @@ class WriteRelay:
             self.fired.clear()
 
     def close(self) -> None:
+        self._grpc.stop(grace=None)
+        self._upstream.close()
         self._server.shutdown()
         self._server.server_close()
         self._session.close()
@@ -77,20 +97,18 @@ class WriteRelay:
         response = self._session.request(method, self.etcd_url + path, data=raw or None, headers=headers, timeout=30)
         return response.status_code, response.content
 
-    def _bump(self, path: str, body: dict[str, Any]) -> None:
-        """Rewrite the first compared key with its own value: its mod revision moves on."""
-        if path.startswith("/v2/keys/"):
-            url = self.etcd_url + path.split("?", 1)[0]
-            node = self._session.get(url, timeout=30).json().get("node") or {}
-            if "value" in node:
-                self._session.put(url, data={"value": node["value"]}, timeout=30).raise_for_status()
-            return
-        for compare in body.get("compare", []):
-            key = compare["key"]
-            found = self._session.post(f"{self.etcd_url}/v3/kv/range", json={"key": key}, timeout=30).json()
-            for kv in found.get("kvs", []):
-                put = {"key": key, "value": kv.get("value", "")}
-                self._session.post(f"{self.etcd_url}/v3/kv/put", json=put, timeout=30).raise_for_status()
+    def _bump(self, path: str) -> None:
+        """Rewrite the key with its own value: its modified index moves on."""
+        url = self.etcd_url + path.split("?", 1)[0]
+        node = self._session.get(url, timeout=30).json().get("node") or {}
+        if "value" in node:
+            self._session.put(url, data={"value": node["value"]}, timeout=30).raise_for_status()
+
+    def _bump_compared(self, request: bytes) -> None:
+        """Rewrite the first compared key of a txn that is there with its own value: its mod revision moves on."""
+        for compare in rpc_pb2.TxnRequest.FromString(request).compare:
+            for kv in self._kv.Range(rpc_pb2.RangeRequest(key=compare.key), timeout=30).kvs:
+                self._kv.Put(rpc_pb2.PutRequest(key=kv.key, value=kv.value), timeout=30)
                 return
 
     def next_write(self) -> Action | None:
@@ -103,10 +121,9 @@ class WriteRelay:
         self.fired.set()
         return trigger.action
 
-    def handle(self, method: str, path: str, raw: bytes, content_type: str | None) -> tuple[int, bytes] | None:
-        """The answer to send, or None to drop the connection (the job is dead)."""
-        body = json.loads(raw or b"{}") if method == "POST" else {}
-        write = is_write(method, path, body)
+    def _relay(self, write: bool, bump: Callable[[], None], forward: Callable[[], T]) -> T | None:
+        """`forward()`'s answer, or None to drop it (the job is dead), acting first if this write
+        is the trigger's."""
         if not write and self.reads_wait_for is not None:
             self.reads_wait_for.wait(timeout=60)
         action = self.next_write() if write else None
@@ -114,14 +131,49 @@ class WriteRelay:
             self.send_signal(signal.SIGKILL)
             return None
         if action == "conflict":
-            self._bump(path, body)
+            bump()
         if action in ("sigterm", "sigint"):
             self.send_signal(signal.SIGTERM if action == "sigterm" else signal.SIGINT)
-        answer = self._forward(method, path, raw, content_type)
+        answer = forward()
         if action == "kill_after":
             self.send_signal(signal.SIGKILL)
             return None
         return answer
+
+    def handle(self, method: str, path: str, raw: bytes, content_type: str | None) -> tuple[int, bytes] | None:
+        """An etcd v2 request's answer, or None to drop the connection."""
+        write = method in ("PUT", "DELETE")
+        return self._relay(write, lambda: self._bump(path), lambda: self._forward(method, path, raw, content_type))
+
+    def handle_grpc(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """An etcd v3 call's answer, passed through as bytes; aborted when it is dropped."""
+
+        def forward() -> bytes:
+            try:
+                answer: bytes = self._upstream.unary_unary(method)(request, timeout=30)
+            except grpc.RpcError as error:
+                context.abort(error.code(), error.details() or "")
+            return answer
+
+        answer = self._relay(is_grpc_write(method, request), lambda: self._bump_compared(request), forward)
+        if answer is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "relay: the job was killed")
+        return answer
+
+
+class _GrpcRelay(grpc.GenericRpcHandler):
+    """Every unary call, as bytes, through WriteRelay.handle_grpc (the job makes no streaming call)."""
+
+    def __init__(self, relay: WriteRelay) -> None:
+        self._relay = relay
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+
+        def behave(request: bytes, context: grpc.ServicerContext) -> bytes:
+            return self._relay.handle_grpc(method, request, context)
+
+        return grpc.unary_unary_rpc_method_handler(behave)
 
 
 def _handler(relay: WriteRelay) -> type[BaseHTTPRequestHandler]:

@@ -1,4 +1,4 @@
-"""Calico 3.x on etcd v3, through etcd's JSON gateway (job/adapters/datastores/etcd_http.py).
+"""Calico 3.x on etcd v3, through etcd's gRPC API (job/adapters/datastores/etcd_grpc.py).
 
 The key layout (docs/calico-data.md) is known only here: reading turns keys into
 the shared model, committing turns conditional writes back into etcd transactions.
@@ -6,7 +6,6 @@ the shared model, committing turns conditional writes back into etcd transaction
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import gc
 import ipaddress
@@ -18,12 +17,12 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
-from job.adapters.datastores.etcd_http import EtcdHttp
+from job.adapters.datastores.etcd_grpc import Compare, DeleteRange, EtcdGrpc, Put, Range, RequestOp, Txn
 from job.adapters.retry import RetryPolicy
 from job.config import Config
 from job.core.inventory import Inventory
@@ -87,8 +86,8 @@ PREFIXES = (
 HOST_GROUPS = (tuple(p for p in PREFIXES if p not in (WORKLOAD_ENDPOINTS, BLOCKS, HANDLES)),)
 IPAM_GROUPS = ((BLOCKS, HANDLES), (WORKLOAD_ENDPOINTS,))
 READ_QUEUE_PAGES = 2
-# While the workers read pages and this thread parses them, a worker needs the GIL back after
-# each chunk it reads (etcd_http.BODY_CHUNK); at Python's default (5 ms) etcd sat idle meanwhile.
+# While the workers wait on pages and this thread parses them, a worker with an answer needs the
+# GIL back to ask for its next page; at Python's default (5 ms) etcd sat idle meanwhile.
 READ_SWITCH_INTERVAL = 0.001
 WINDOW_PAGES = 8  # a page's range is guessed to hold this many pages (Window)
 TUNNEL_FIELDS = (
@@ -102,49 +101,24 @@ MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 PAGE_BYTES = 3 << 20  # value bytes a page holds at most, after the first (see scan)
 
 
-def _b64(text: str) -> str:
+def _bytes(text: str) -> bytes:
     # surrogateescape: a key read with bytes that are not UTF-8 is asked for again as it was.
-    return base64.b64encode(text.encode("utf-8", errors="surrogateescape")).decode()
-
-
-def _unb64(text: str) -> str:
-    return base64.b64decode(text).decode("utf-8", errors="surrogateescape")
+    return text.encode("utf-8", errors="surrogateescape")
 
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="surrogateescape")
 
 
-class KeyValue(msgspec.Struct, frozen=True):
-    """One key of a range answer as the JSON gateway writes it: bytes in base64, int64s as strings."""
+class KeyValue(Protocol):
+    """One key of a range answer (etcd's mvccpb.KeyValue, as the gRPC stubs decode it)."""
 
-    key: bytes
-    mod_revision: int
-    value: bytes = b""
-
-
-class _Header(msgspec.Struct, frozen=True):
-    revision: int
-
-
-class RangeAnswer(msgspec.Struct, frozen=True):
-    header: _Header
-    kvs: list[KeyValue] = []
-    more: bool = False
-    count: int = 0  # keys etcd counted from the range's start to its end (not only those returned)
-
-
-_RANGE_ANSWER = msgspec.json.Decoder(RangeAnswer, strict=False)  # strict=False: "123" is an int64
-
-
-def range_answer(content: bytes) -> RangeAnswer:
-    """A range answer parsed in one pass, base64 included: a third of the read's CPU was json
-    and base64 decoding into objects that were thrown away. An answer of another shape is a
-    ValueError, which EtcdHttp reports as not etcd's."""
-    try:
-        return _RANGE_ANSWER.decode(content)
-    except msgspec.DecodeError as error:
-        raise ValueError(str(error)) from None
+    @property
+    def key(self) -> bytes: ...
+    @property
+    def mod_revision(self) -> int: ...
+    @property
+    def value(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -156,7 +130,7 @@ class Window:
     at: int
     step: int
 
-    def end(self, limit: bytes) -> str | None:
+    def end(self, limit: bytes) -> bytes | None:
         """The range end, a carry past the 8 bytes going into `base`; None when it is not before
         `limit` (the prefix's end, which the caller then asks for)."""
         width = len(self.base) + 8
@@ -164,7 +138,7 @@ class Window:
         if number >= 1 << (8 * width):
             return None
         end = number.to_bytes(width, "big")
-        return end.decode("utf-8", errors="surrogateescape") if end < limit else None
+        return end if end < limit else None
 
     def wider(self, factor: int) -> Window:
         """The window after this one, `factor` times as wide."""
@@ -187,11 +161,11 @@ class Window:
         return Window(first[:common], high + step, step)
 
 
-def prefix_end(prefix: str) -> str:
+def prefix_end(prefix: str) -> bytes:
     """The first key after every key starting with `prefix` (etcd's range_end)."""
     raw = bytearray(prefix.encode())
     raw[-1] += 1
-    return raw.decode()
+    return bytes(raw)
 
 
 def _type_name(value: Any) -> str:
@@ -617,14 +591,6 @@ def assemble(collected: Collected, revision: int) -> Inventory:
     )
 
 
-def gateway_prefix(version: str) -> str:
-    """The JSON gateway's path for an etcd server version: /v3 from etcd 3.4 on, /v3beta in 3.3."""
-    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
-    if major_minor and major_minor < (3, 3):
-        return "/v3alpha"
-    return "/v3beta" if major_minor == (3, 3) else "/v3"
-
-
 class EtcdV3Datastore:
     """Reads in pinned-revision pages; writes only through mod-revision-guarded txns."""
 
@@ -632,55 +598,36 @@ class EtcdV3Datastore:
 
     def __init__(self, config: Config, retry: RetryPolicy, explain_empty: Callable[[], bool] | None = None) -> None:
         self._explain_empty = explain_empty
-        self._http = EtcdHttp(config, retry)
+        self._etcd = EtcdGrpc(config, retry)
         self._config = config
         self._page_size = config.page_size
-        self._prefix: str | None = None
 
     def describe(self) -> dict[str, object]:
-        return {"type": self.type, "endpoints": self._http.endpoints}
+        return {"type": self.type, "endpoints": self._etcd.endpoints}
 
-    def _path(self, path: str) -> str:
-        if self._prefix is None:  # asked once, before any worker thread starts
-            _, version = self._http.request("GET", "/version")
-            self._prefix = gateway_prefix(str(version.get("etcdserver", "")) if isinstance(version, dict) else "")
-        return self._prefix + path
-
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        _, answer = self._http.request("POST", self._path(path), json_body=body)
-        header = answer.get("header") if isinstance(answer, dict) else None
-        try:
-            int(header["revision"])  # type: ignore[index]
-        except (TypeError, KeyError, ValueError):
+    def range(
+        self, start: str | bytes, end: bytes | None, revision: int | None, limit: int = 0, keys_only: bool = False
+    ) -> Any:
+        """Keys from `start` to `end` (None: `start` alone) at `revision` (None: now): etcd's RangeResponse."""
+        answer = self._etcd.range(
+            Range(
+                key=_bytes(start) if isinstance(start, str) else start,
+                range_end=end or b"",
+                limit=limit or self._page_size,
+                revision=revision or 0,
+                keys_only=keys_only,
+            )
+        )
+        if answer.header.revision <= 0:
             raise DatastoreError(
-                f"etcd {path} answered without a revision header: not etcd's v3 JSON gateway? "
-                "check ETCD_ENDPOINTS (--etcd-endpoints)"
-            ) from None
-        assert isinstance(answer, dict)
-        return answer
-
-    def range_body(
-        self, start: str, end: str | None, revision: int | None, limit: int = 0, keys_only: bool = False
-    ) -> dict[str, Any]:
-        """A range request: keys from `start` to `end` (None: `start` alone) at `revision` (None: now)."""
-        body: dict[str, Any] = {"key": _b64(start), "limit": limit or self._page_size, "keys_only": keys_only}
-        if end is not None:
-            body["range_end"] = _b64(end)
-        if revision is not None:
-            body["revision"] = revision
-        return body
-
-    def _range(
-        self, start: str, end: str | None, revision: int | None, limit: int = 0, keys_only: bool = False
-    ) -> RangeAnswer:
-        body = self.range_body(start, end, revision, limit, keys_only)
-        _, answer = self._http.request("POST", self._path("/kv/range"), json_body=body, decode=range_answer)
-        assert isinstance(answer, RangeAnswer)
+                "etcd answered a range without a revision: not etcd? check ETCD_ENDPOINTS (--etcd-endpoints)",
+                "bad_answer",
+            )
         return answer
 
     def scan(
         self, prefix: str, revision: int | None = None, keys_only: bool = False
-    ) -> Iterator[tuple[list[KeyValue], int]]:
+    ) -> Iterator[tuple[Sequence[KeyValue], int]]:
         """Pages of raw key-values under `prefix`, all at one revision (the first page's).
 
         A page holds at most page_size keys and, after the first, about PAGE_BYTES of values.
@@ -691,12 +638,11 @@ class EtcdV3Datastore:
         the page early and the next one is wider; after an empty one (a gap in the keys) the
         next page asks for the rest again. Windows meet end to end: every key is read once."""
         end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
-        limit_bytes = b"" if end is None else end.encode("utf-8", errors="surrogateescape")
-        start, limit = prefix, self._page_size
+        start, limit = _bytes(prefix), self._page_size
         window: Window | None = None  # where the next page's range ends (None: the prefix's end)
         while True:
-            bound = None if window is None else window.end(limit_bytes)
-            response = self._range(start, bound or end, revision, limit, keys_only)
+            bound = None if window is None or end is None else window.end(end)
+            response = self.range(start, bound or end, revision, limit, keys_only)
             if revision is None:  # the header says the store's current revision, not the one asked for
                 revision = response.header.revision
             kvs = response.kvs
@@ -706,7 +652,7 @@ class EtcdV3Datastore:
                 return
             if response.more and kvs:
                 last = kvs[-1].key
-                start = _text(last) + "\0"
+                start = last + b"\0"
                 size = sum(len(kv.value) for kv in kvs)
                 limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
                 window = Window.after(kvs[0].key, last, len(kvs), WINDOW_PAGES * limit)
@@ -734,10 +680,10 @@ class EtcdV3Datastore:
         wait in memory. The GIL is passed on more often meanwhile, so that a worker with an answer
         asks for its next page soon (READ_SWITCH_INTERVAL).
         """
-        pages: queue.Queue[list[KeyValue] | str | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
+        pages: queue.Queue[Sequence[KeyValue] | str | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
         stop = threading.Event()
 
-        def deliver(page: list[KeyValue] | str | BaseException | None) -> None:
+        def deliver(page: Sequence[KeyValue] | str | BaseException | None) -> None:
             while not stop.is_set():
                 try:
                     pages.put(page, timeout=0.1)
@@ -794,7 +740,7 @@ class EtcdV3Datastore:
         Kubernetes Node names, it keeps of live hosts only what the block scan needs
         (Collected.live, docs/design.md): memory then follows hosts and orphans, not keys."""
         # One revision for every prefix: a consistent snapshot of the whole datastore.
-        revision = self._range(CLUSTER_INFORMATION, None, None).header.revision
+        revision = self.range(CLUSTER_INFORMATION, None, None).header.revision
         collected = Collected()
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
@@ -874,14 +820,13 @@ class EtcdV3Datastore:
         found: dict[str, StoredItem] = {}
         for start in range(0, len(keys), MAX_TXN_OPS):
             reads = [
-                {"request_range": {"key": _b64(key), **({} if revision is None else {"revision": revision})}}
+                RequestOp(request_range=Range(key=_bytes(key), revision=revision or 0))
                 for key in keys[start : start + MAX_TXN_OPS]
             ]
-            response = self._post("/kv/txn", {"success": reads})
-            for answer in response.get("responses", []):
-                for kv in answer.get("response_range", {}).get("kvs", []):
-                    key = _unb64(kv["key"])
-                    found[key] = StoredItem(key, int(kv["mod_revision"]), _unb64(kv.get("value", "")))
+            for answer in self._etcd.txn(Txn(success=reads)).responses:
+                for kv in answer.response_range.kvs:
+                    key = _text(kv.key)
+                    found[key] = StoredItem(key, kv.mod_revision, _text(kv.value))
         return found
 
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
@@ -894,16 +839,17 @@ class EtcdV3Datastore:
     def commit(self, step: Step) -> int:
         # An absent key's mod_revision compares as 0 (CREATE): a create is "still absent".
         compare = [
-            {"key": _b64(w.key), "result": "EQUAL", "target": "MOD", "mod_revision": w.revision} for w in step.writes
-        ]
-        success = [
-            {"request_delete_range": {"key": _b64(w.key)}}
-            if w.value is None
-            else {"request_put": {"key": _b64(w.key), "value": _b64(w.value)}}
+            Compare(key=_bytes(w.key), result=Compare.EQUAL, target=Compare.MOD, mod_revision=w.revision)
             for w in step.writes
         ]
-        response = self._post("/kv/txn", {"compare": compare, "success": success, "failure": []})
-        return len(step.writes) if response.get("succeeded", False) else 0
+        success = [
+            RequestOp(request_delete_range=DeleteRange(key=_bytes(w.key)))
+            if w.value is None
+            else RequestOp(request_put=Put(key=_bytes(w.key), value=_bytes(w.value)))
+            for w in step.writes
+        ]
+        answer = self._etcd.txn(Txn(compare=compare, success=success))
+        return len(step.writes) if answer.succeeded else 0
 
     def close(self) -> None:
-        self._http.close()
+        self._etcd.close()

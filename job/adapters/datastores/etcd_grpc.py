@@ -1,0 +1,200 @@
+"""etcd's v3 gRPC API: the etcd3 package's generated stubs (etcd3.etcdrpc) on channels of the
+job's own, one per endpoint, and every grpc failure turned into one DatastoreError line that
+names the endpoint and the setting to check (docs/development.md, "etcd v3 over gRPC").
+
+The package's client is not used: it caps answers at gRPC's 4 MiB (a page of blocks is more),
+falls back to plaintext when given a client certificate without a CA, turns a refused
+certificate into "etcd connection failed", and after one UNAVAILABLE refuses every call for
+300 s ("Trying to use a failed node"). Here the scheme alone decides TLS, and failover and
+retries are failover.Endpoints'.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+# gRPC's C core logs every failed handshake to stderr on its own; each failure is said once, here.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import grpc
+from etcd3.etcdrpc import rpc_pb2, rpc_pb2_grpc
+
+from job.adapters.datastores.base import DatastoreError
+from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient
+from job.adapters.retry import RetryPolicy, one_line
+from job.config import Config
+
+# etcd answers up to its --max-request-bytes (1.5 MiB) in a request but without limit in a range
+# answer: a page of 2,000 blocks is 10 MB. The read's own bound is its page size (etcdv3.PAGE_BYTES).
+MAX_ANSWER_BYTES = 256 << 20
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
+    # A member that was down is dialled again within 0.1-1 s, not after gRPC's 1-120 s backoff:
+    # the retries (RetryPolicy) decide how long to wait, not the channel. (Not min_reconnect_backoff:
+    # gRPC takes that as the time a dial may take, 20 s by default.)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Calico's proxies are not meant here: ETCD_ENDPOINTS is dialled as given (as trust_env=False over HTTP).
+    ("grpc.enable_http_proxy", 0),
+)
+Range = rpc_pb2.RangeRequest
+Txn = rpc_pb2.TxnRequest
+Compare = rpc_pb2.Compare
+RequestOp = rpc_pb2.RequestOp
+Put = rpc_pb2.PutRequest
+DeleteRange = rpc_pb2.DeleteRangeRequest
+# What etcd's own "try again" answers say (rpctypes): worth another attempt, like a refused dial.
+_ETCD_TRANSIENT = ("too many requests", "leader", "timed out", "timeout", "not capable", "stopped")
+_REFUSED_CERTIFICATE = ("bad_certificate", "certificate_required", "unknown_ca", "handshake_failure")
+_SYSCALL = re.compile(r"^[a-z_]+:(.+?) \(\d+\)$")
+_PEER = re.compile(r"^(?:[A-Z_]+: )?(?:(?:ipv4|ipv6|unix):\S+: )?")
+
+
+def _last_error(details: str) -> str:
+    """What a failed dial says after gRPC's "failed to connect to all addresses; last error: UNKNOWN: ipv4:...: "."""
+    said = _PEER.sub("", details.rsplit("last error: ", 1)[-1]).removesuffix(": OK")
+    said = said.removeprefix("Failed to connect to remote host: ")
+    return _SYSCALL.sub(r"\1", said)  # "recvmsg:Connection reset by peer (104)"
+
+
+def failure(error: grpc.RpcError, url: str, method: str, timeout_s: float) -> Transient | Final:
+    """The decision for one failed call: another attempt (at the next endpoint) or a line to report.
+
+    A TLS handshake refused either way, or an answer that is not HTTP/2 or not etcd's, is a
+    setting to fix: retrying it only delays the line a person needs. A closed connection can be
+    a scheme that does not match the port, but also a proxy whose etcd is down: it is retried,
+    and the line says both.
+    """
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = one_line((error.details() if isinstance(error, grpc.Call) else str(error)) or "", 400)
+    reason = one_line(_last_error(details), 160)
+    said = reason.lower()
+    https = url.startswith("https:")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Transient(f"etcd at {url} did not answer: timed out after {timeout_s:g}s")
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details:
+        if "certificate_verify_failed" in said:
+            why = reason.split("CERTIFICATE_VERIFY_FAILED", 1)[-1].strip(": ") or "not trusted"
+            return Final(f"TLS to etcd at {url} failed: its certificate is not trusted ({why}); {TLS_HINT}", "tls")
+        if any(alert in said for alert in _REFUSED_CERTIFICATE):
+            return Final(
+                f"etcd at {url} refused the client certificate in the TLS handshake; check ETCD_CERT_FILE and "
+                "ETCD_KEY_FILE (issued by the CA etcd trusts, its --trusted-ca-file)",
+                "tls",
+            )
+        if "wrong_version_number" in said or "record_too_large" in said:
+            return Final(
+                f"{url} does not speak TLS: give the endpoint as http://, or the port etcd serves TLS on; "
+                f"{ENDPOINTS_HINT}",
+                "tls",
+            )
+        if "http/2" in said or "http1" in said:
+            return Final(
+                f"{url} answered without HTTP/2, not etcd's gRPC API (an HTTP/1 server or proxy?); {ENDPOINTS_HINT}",
+                "bad_answer",
+            )
+        if any(closed in said for closed in ("socket closed", "handshake read failed", "connection reset")):
+            hint = "a plaintext port? then http://" if https else "a TLS port? then https:// with ETCD_CA_CERT_FILE"
+            return Transient(f"etcd at {url} did not answer: the connection was closed at once ({hint})")
+        return Transient(f"etcd at {url} did not answer: {reason}")
+    if code == grpc.StatusCode.UNAVAILABLE or (
+        code == grpc.StatusCode.RESOURCE_EXHAUSTED and "too many requests" in said
+    ):
+        return Transient(f"etcd at {url}: {details}")
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return Final(f"etcd at {url} refused the request ({details}); {TLS_HINT}", "unauthorized")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return Final(f"{url} has no etcd v3 {method} ({details}): not etcd 3.x? {ENDPOINTS_HINT}", "bad_answer")
+    if code == grpc.StatusCode.OUT_OF_RANGE and "compacted" in said:
+        return Final(
+            f"etcd at {url}: {details}: the read's revision was compacted while it ran; the next run reads anew",
+            "unavailable",
+        )
+    if code == grpc.StatusCode.INTERNAL and "deserializ" in said:
+        return Final(f"{url} answered {method} with what etcd never sends: not etcd? {ENDPOINTS_HINT}", "bad_answer")
+    if any(word in said for word in _ETCD_TRANSIENT) and code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED):
+        return Transient(f"etcd at {url}: {details}")
+    return Final(f"etcd {method} at {url}: {code.name} {details}", "bad_answer")
+
+
+def _credentials(config: Config) -> grpc.ChannelCredentials:
+    """TLS as Calico's manifests mount it: the CA, and a client certificate with its key. Without
+    ETCD_CA_CERT_FILE the system's roots are trusted; never plaintext for an https endpoint."""
+
+    def read(path: Path | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return path.read_bytes()
+        except OSError as error:
+            raise DatastoreError(f"cannot read {path}: {error.strerror}; {TLS_HINT}", "tls") from None
+
+    with_key = config.etcd_cert_file is not None and config.etcd_key_file is not None
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(config.etcd_ca_cert_file),
+        private_key=read(config.etcd_key_file) if with_key else None,
+        certificate_chain=read(config.etcd_cert_file) if with_key else None,
+    )
+
+
+class EtcdGrpc:
+    """Unary KV calls at the current endpoint, the next one after a transient failure."""
+
+    def __init__(self, config: Config, retry: RetryPolicy) -> None:
+        self._endpoints = Endpoints(config, retry)
+        self._targets = [f"{e.host if ':' not in e.host else f'[{e.host}]'}:{e.port}" for e in config.etcd_endpoints]
+        self._tls = [e.scheme == "https" for e in config.etcd_endpoints]
+        self._config = config
+        self._timeout = config.etcd_timeout.total_seconds()
+        self._channels: dict[int, grpc.Channel] = {}
+        self._stubs: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints.urls)
+
+    def _stub(self, index: int) -> Any:
+        with self._lock:
+            if self._closed:
+                raise Final("the etcd client was closed: the run is ending", "unavailable")
+            stub = self._stubs.get(index)
+            if stub is None:
+                options = list(CHANNEL_OPTIONS)  # a list of pairs: grpc refuses a dict
+                if self._tls[index]:
+                    channel = grpc.secure_channel(self._targets[index], _credentials(self._config), options)
+                else:
+                    channel = grpc.insecure_channel(self._targets[index], options)
+                self._channels[index] = channel
+                stub = self._stubs[index] = rpc_pb2_grpc.KVStub(channel)
+            return stub
+
+    def call(self, method: str, request: Any) -> Any:
+        """`KV.<method>(request)`, retried on transient failures; its answer."""
+
+        def attempt(index: int) -> Any:
+            try:
+                return getattr(self._stub(index), method)(request, timeout=self._timeout)
+            except grpc.RpcError as error:
+                raise failure(error, self._endpoints.urls[index], method, self._timeout) from None
+
+        return self._endpoints.call(attempt, f"etcd {method}")
+
+    def range(self, request: Any) -> Any:
+        return self.call("Range", request)
+
+    def txn(self, request: Any) -> Any:
+        return self.call("Txn", request)
+
+    def close(self) -> None:
+        """Close every channel: calls still in flight (a read a stopped run left) are cancelled."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for channel in channels:
+            channel.close()
