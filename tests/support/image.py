@@ -87,15 +87,12 @@ class Ran:
     stderr: str
 
 
-def run_as_cronjob(
-    args: Sequence[str],
-    env: dict[str, str],
-    mounts: Sequence[tuple[Path, str]] = (),
-    name: str | None = None,
-    timeout: float = 300,
-) -> Ran:
-    """As the CronJob's pod: user 10001, read-only root, all capabilities dropped,
-    no-new-privileges, /tmp a tmpfs; host networking (the manifests' choice) reaches loopback."""
+def cronjob_argv(
+    args: Sequence[str], env: dict[str, str], mounts: Sequence[tuple[Path, str]] = (), name: str | None = None
+) -> list[str]:
+    """podman's command line to run the image as the CronJob's pod: user 10001, read-only root,
+    all capabilities dropped, no-new-privileges, /tmp a tmpfs; host networking (the manifests'
+    choice) reaches loopback."""
     argv = [
         *RUN,
         "--rm",
@@ -117,5 +114,16 @@ def run_as_cronjob(
         argv += ["--env", f"{key}={value}"]
     for source, target in mounts:
         argv += ["--volume", f"{source}:{target}:ro"]
-    done = subprocess.run([*argv, IMAGE, *args], capture_output=True, text=True, timeout=timeout)
+    return [*argv, IMAGE, *args]
+
+
+def run_as_cronjob(
+    args: Sequence[str],
+    env: dict[str, str],
+    mounts: Sequence[tuple[Path, str]] = (),
+    name: str | None = None,
+    timeout: float = 300,
+) -> Ran:
+    """The image run to its end as the CronJob runs it (cronjob_argv)."""
+    done = subprocess.run(cronjob_argv(args, env, mounts, name), capture_output=True, text=True, timeout=timeout)
     return Ran(done.returncode, done.stdout, done.stderr)

@@ -49,7 +49,10 @@ Put = rpc_pb2.PutRequest
 DeleteRange = rpc_pb2.DeleteRangeRequest
 # What etcd's own "try again" answers say (rpctypes): worth another attempt, like a refused dial.
 _ETCD_TRANSIENT = ("too many requests", "leader", "timed out", "timeout", "not capable", "stopped")
-_REFUSED_CERTIFICATE = ("bad_certificate", "certificate_required", "unknown_ca", "handshake_failure")
+# The alerts a server sends for a client certificate it refuses, or one it asked for and did not get.
+# TLS 1.3 sends them after the client's half of the handshake, which gRPC then reports as a record
+# it cannot decrypt ("Unwrap failed (TSI_DATA_CORRUPTED)", seen with etcd 3.4).
+_REFUSED_CERTIFICATE = ("bad_certificate", "certificate_required", "unknown_ca", "handshake_failure", "unwrap failed")
 _SYSCALL = re.compile(r"^[a-z_]+:(.+?) \(\d+\)$")
 _PEER = re.compile(r"^(?:[A-Z_]+: )?(?:(?:ipv4|ipv6|unix):\S+: )?")
 
@@ -82,8 +85,8 @@ def failure(error: grpc.RpcError, url: str, method: str, timeout_s: float) -> Tr
             return Final(f"TLS to etcd at {url} failed: its certificate is not trusted ({why}); {TLS_HINT}", "tls")
         if any(alert in said for alert in _REFUSED_CERTIFICATE):
             return Final(
-                f"etcd at {url} refused the client certificate in the TLS handshake; check ETCD_CERT_FILE and "
-                "ETCD_KEY_FILE (issued by the CA etcd trusts, its --trusted-ca-file)",
+                f"etcd at {url} refused the client certificate, or asked for one and got none; check "
+                "ETCD_CERT_FILE and ETCD_KEY_FILE (issued by the CA etcd trusts, its --trusted-ca-file)",
                 "tls",
             )
         if "wrong_version_number" in said or "record_too_large" in said:
