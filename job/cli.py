@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -206,6 +207,22 @@ def _reports(config: Config) -> int:
     return ExitCode.OK
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def one_malloc_arena() -> None:
+    """Have every thread allocate from glibc's one main arena, as MALLOC_ARENA_MAX=1 does. gRPC's
+    own threads receive the read's answers; each would otherwise fill an arena of its own that
+    keeps what was freed (5,000 hosts: 34 MB of the peak, for no measurable time). Not glibc
+    (musl, macOS): nothing to do."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_ARENA_MAX, 1)
+    except (OSError, AttributeError):
+        pass
+
+
 def console() -> None:
-    """The `calico-gc` command that `pip install .` puts on PATH."""
+    """The `calico-gc` command that `pip install .` puts on PATH (and `python -m job`)."""
+    one_malloc_arena()  # before any thread starts
     sys.exit(main())

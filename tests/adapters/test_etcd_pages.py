@@ -138,7 +138,7 @@ def test_the_read_passes_the_interpreter_lock_more_often_only_while_it_runs(etcd
     try:
         revision = store.range(PREFIX.decode(), None, None).header.revision
         with store._items(revision, ((PREFIX.decode(),),)) as items:
-            during = [sys.getswitchinterval() for _ in items]
+            during = [sys.getswitchinterval() for _, kvs in items for _ in kvs]
         assert len(during) == 50 and set(during) == {READ_SWITCH_INTERVAL}
         assert sys.getswitchinterval() == before
         with store._items(revision, ((PREFIX.decode(),),)) as items:

@@ -98,7 +98,7 @@ TUNNEL_FIELDS = (
     ("wireguard", "interfaceIPv6Address"),
 )
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-PAGE_BYTES = 3 << 20  # value bytes a page holds at most, after the first (see scan)
+PAGE_BYTES = 3 << 20  # bytes a page holds at most, after the first (see scan)
 
 
 def _bytes(text: str) -> bytes:
@@ -331,6 +331,20 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
         if rest == "status":
             collected.felix_alive.add(host)
         collected.owned[host].append(item)
+
+
+def collect_page(collected: Collected, prefix: str, kvs: Sequence[KeyValue]) -> None:
+    """collect_raw for a page of `prefix`'s keys: the prefix is known, so the most numerous keys
+    are filed without testing each for its prefix (at 5,000 hosts, 205,000 of them)."""
+    if prefix == HANDLES:
+        for kv in kvs:
+            collect_handle(collected, _text(kv.key), kv.mod_revision, _text(kv.value))
+    elif prefix == WORKLOAD_ENDPOINTS:
+        for kv in kvs:
+            collect_endpoint(collected, _text(kv.key), kv.mod_revision, kv.value)
+    else:
+        for kv in kvs:
+            collect_key(collected, StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value)))
 
 
 def collect_raw(collected: Collected, key: str, kv: KeyValue) -> None:
@@ -653,7 +667,7 @@ class EtcdV3Datastore:
             if response.more and kvs:
                 last = kvs[-1].key
                 start = last + b"\0"
-                size = sum(len(kv.value) for kv in kvs)
+                size = response.ByteSize()  # one call, where len(kv.value) copies each value
                 limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
                 window = Window.after(kvs[0].key, last, len(kvs), WINDOW_PAGES * limit)
             elif bound is None:
@@ -667,10 +681,10 @@ class EtcdV3Datastore:
     @contextlib.contextmanager
     def _items(
         self, revision: int, groups: Sequence[tuple[str, ...]], prefix_read: Callable[[str], None] | None = None
-    ) -> Iterator[Iterator[tuple[str, KeyValue]]]:
-        """Every key of every prefix at `revision`, as text with its answer, each group's
-        prefixes scanned in turn, the groups side by side. `prefix_read` is called with each
-        prefix once all its keys are yielded and handled. The workers start on entry, so that
+    ) -> Iterator[Iterator[tuple[str, Sequence[KeyValue]]]]:
+        """Every page of every prefix at `revision`, with its prefix, each group's prefixes
+        scanned in turn, the groups side by side. `prefix_read` is called with each prefix once
+        all its pages are yielded and handled. The workers start on entry, so that
         etcd serves the first pages while the caller still waits on something else; they stop
         on exit.
 
@@ -680,10 +694,10 @@ class EtcdV3Datastore:
         wait in memory. The GIL is passed on more often meanwhile, so that a worker with an answer
         asks for its next page soon (READ_SWITCH_INTERVAL).
         """
-        pages: queue.Queue[Sequence[KeyValue] | str | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
+        pages: queue.Queue[tuple[str, Sequence[KeyValue]] | str | BaseException | None] = queue.Queue(READ_QUEUE_PAGES)
         stop = threading.Event()
 
-        def deliver(page: Sequence[KeyValue] | str | BaseException | None) -> None:
+        def deliver(page: tuple[str, Sequence[KeyValue]] | str | BaseException | None) -> None:
             while not stop.is_set():
                 try:
                     pages.put(page, timeout=0.1)
@@ -695,13 +709,13 @@ class EtcdV3Datastore:
             try:
                 for prefix in prefixes:
                     for kvs, _ in self.scan(prefix, revision):
-                        deliver(kvs)
+                        deliver((prefix, kvs))
                     deliver(prefix)  # after its last page: every key of it is filed
                 deliver(None)
             except BaseException as error:  # handed to the reading thread, which raises it
                 deliver(error)
 
-        def items() -> Iterator[tuple[str, KeyValue]]:
+        def items() -> Iterator[tuple[str, Sequence[KeyValue]]]:
             running = len(groups)
             while running:
                 page = pages.get()
@@ -713,8 +727,7 @@ class EtcdV3Datastore:
                     if prefix_read is not None:
                         prefix_read(page)
                 else:
-                    for kv in page:
-                        yield _text(kv.key), kv
+                    yield page
 
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(READ_SWITCH_INTERVAL)
@@ -746,8 +759,8 @@ class EtcdV3Datastore:
         gc.disable()
         try:
             with self._items(revision, HOST_GROUPS) as items:
-                for key, kv in items:
-                    collect_raw(collected, key, kv)
+                for prefix, kvs in items:
+                    collect_page(collected, prefix, kvs)
 
             def prefix_read(prefix: str) -> None:
                 if prefix == BLOCKS and collected.live is not None:
@@ -762,8 +775,8 @@ class EtcdV3Datastore:
                     for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
                         collected.owned.pop(name, None)  # a live host's: never planned
                         collected.affinities.pop(name, None)
-                for key, kv in items:
-                    collect_raw(collected, key, kv)
+                for prefix, kvs in items:
+                    collect_page(collected, prefix, kvs)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
