@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons lint demo run bench bench-scale bench-churn bench-kdd bench-stop image lock clean
+.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop image lock clean
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -18,6 +18,7 @@ help:
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark, on two layouts of the fleet (prints its figures)"
 	@echo "make bench-scale  the same at 15,000 hosts"
+	@echo "make bench-gateway  the 5,000-host dry run beside the last commit that spoke etcd's JSON gateway"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
 	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply"
 	@echo "make bench-stop  how long a run takes to end after SIGTERM while a read hangs"
@@ -96,6 +97,12 @@ run: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.dry_run
 	$(BIN)/python -m bench.dry_run --shape spread --repeat 3
+
+# The same dry runs beside those of the last commit that spoke etcd's JSON gateway (a worktree of it).
+GATEWAY_COMMIT := 6d65f33
+bench-gateway: $(STAMP)
+	@[ -d $(VENV)/gateway-tree ] || git worktree add --detach $(VENV)/gateway-tree $(GATEWAY_COMMIT)
+	$(BIN)/python -m bench.dry_run --repeat 3 --job-tree $(VENV)/gateway-tree
 
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench.dry_run --hosts 15000 --orphans 1500 --repeat 3

@@ -38,7 +38,8 @@ CHANNEL_OPTIONS = (
     # gRPC takes that as the time a dial may take, 20 s by default.)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    # Calico's proxies are not meant here: ETCD_ENDPOINTS is dialled as given (as trust_env=False over HTTP).
+    # An http(s)_proxy in the environment must not carry etcd's traffic: ETCD_ENDPOINTS is dialled
+    # as given (as trust_env=False does for the v2 HTTP client).
     ("grpc.enable_http_proxy", 0),
 )
 Range = rpc_pb2.RangeRequest
