@@ -6,6 +6,7 @@ change are touched, every other field (known or not) is written back as it was r
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -314,6 +315,15 @@ class Networks:
         network = ipaddress.ip_network(cidr)
         self._bases[(network.version, network.prefixlen)][int(network.network_address)] = cidr
 
+    def copy(self) -> Networks:
+        copied = Networks()
+        copied._bases.update((shape, dict(bases)) for shape, bases in self._bases.items())
+        return copied
+
+    def discard(self, cidr: str) -> None:
+        network = ipaddress.ip_network(cidr)
+        self._bases[(network.version, network.prefixlen)].pop(int(network.network_address), None)
+
     def locate(self, ip: str) -> tuple[str, int] | None:
         """The block `ip` is in and its ordinal there; None when in none (or not an address)."""
         parsed = address_number(ip)
@@ -356,6 +366,33 @@ class IpamIndex:
                 index.malformed_networks.append(ipaddress.ip_network(cidr))
             except ValueError:
                 continue
+        return index
+
+    def updated(
+        self, blocks: Mapping[str, IpamBlock | None], handles: Mapping[str, IpamHandle], malformed: Iterable[str] = ()
+    ) -> IpamIndex:
+        """This index with `blocks` as they are now (None: gone), these handles and these blocks
+        newly unreadable: what re-planning a host after a conflict needs, indexing only the
+        blocks that changed (equal to `build` over the whole inventory, which cost 50 ms a
+        conflict at 5,000 hosts). The lists it changes are copies: this index is not changed."""
+        index = IpamIndex(dict(self.blocks), handles, defaultdict(list, self.owned), defaultdict(list, self.affine))
+        index.malformed_networks = list(self.malformed_networks)
+        index.networks = self.networks.copy()
+        for cidr in [*blocks, *malformed]:
+            old = index.blocks.pop(cidr, None)
+            if old is None:
+                continue
+            index.networks.discard(cidr)
+            names = {owner for owner in old.owners.values() if owner is not None}
+            for table, name in [*((index.owned, n) for n in names), (index.affine, old.affine_host)]:
+                if name is not None:
+                    table[name] = [c for c in table[name] if c != cidr]
+        for block in blocks.values():
+            if block is not None:
+                index._add(block)
+        for cidr in malformed:
+            with contextlib.suppress(ValueError):
+                index.malformed_networks.append(ipaddress.ip_network(cidr))
         return index
 
     def _add(self, block: IpamBlock) -> None:

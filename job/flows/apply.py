@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import cache, partial
 from typing import Protocol
 
 import structlog
@@ -17,6 +18,7 @@ from job.adapters.kube import KubeError
 from job.adapters.retry import describe_error
 from job.config import Config
 from job.core.inventory import Inventory
+from job.core.ipam import IpamIndex
 from job.core.leaks import (
     LEAK_CHANGED,
     LEAK_DEFERRED,
@@ -31,9 +33,11 @@ from job.core.plan import (
     HANDLE_DEFERRED,
     HANDLE_FAILED,
     HANDLE_REPAIRED,
+    build_index,
     host_items,
     k8s_link,
     refreshed,
+    reindexed,
     replan_host,
 )
 
@@ -83,9 +87,17 @@ def with_befores(decision: HostDecision, datastore: Datastore) -> HostDecision:
 
 
 def apply_host(
-    decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config, inventory: Inventory
+    decision: HostDecision,
+    datastore: Datastore,
+    nodes: NodeChecker,
+    config: Config,
+    inventory: Inventory,
+    run_index: Callable[[], IpamIndex] | None = None,
 ) -> HostDecision:
-    """Delete one host; the result says deleted, skipped or failed, with what was committed."""
+    """Delete one host; the result says deleted, skipped or failed, with what was committed.
+    `run_index` gives the inventory's IPAM index (built once a run, at the first conflict)."""
+    run_index = run_index or partial(build_index, inventory)
+    index: IpamIndex | None = None
     host = decision.host.name
     link = k8s_link(decision.host, config) or host
     committed: list[Step] = []
@@ -127,8 +139,9 @@ def apply_host(
             # Read again only what this host's steps touch, and decide the host again from that.
             keys = {w.key for step in current.steps for w in step.writes} | {i.key for i in host_items(current.host)}
             now = datastore.current(sorted(key for key in keys if not key.endswith("/")))
-            inventory = refreshed(inventory, now, keys)
-            current = replan_host(inventory, current)
+            inventory = refreshed(inventory, now, keys, host)
+            index = reindexed(index or run_index(), inventory, keys)
+            current = replan_host(inventory, current, index)
         except DatastoreError as error:
             return outcome(Action.FAILED, "datastore_error", str(error))
         if current is None:
@@ -141,12 +154,17 @@ def apply_host(
 
 
 def _apply_guarded(
-    decision: HostDecision, datastore: Datastore, nodes: NodeChecker, config: Config, inventory: Inventory
+    decision: HostDecision,
+    datastore: Datastore,
+    nodes: NodeChecker,
+    config: Config,
+    inventory: Inventory,
+    run_index: Callable[[], IpamIndex],
 ) -> HostDecision:
     """A bug met while deleting one host fails that host, never the run: the others go on and
     the report says what really happened to each."""
     try:
-        return apply_host(decision, datastore, nodes, config, inventory)
+        return apply_host(decision, datastore, nodes, config, inventory, run_index)
     except Exception as error:
         log.exception("unexpected_error", host=decision.host.name)
         return replace(decision, action=Action.FAILED, reason=UNEXPECTED, steps=(), error=describe_error(error))
@@ -166,6 +184,7 @@ def apply_plan(
     does a stop signal: the host in flight is finished, no new one is started."""
     results = []
     halted: str | None = None
+    run_index = cache(partial(build_index, inventory))  # for re-plans after conflicts, made at the first
     for decision in plan.decisions:
         if decision.action is Action.WOULD_DELETE:
             if halted is None and stopping():
@@ -176,7 +195,7 @@ def apply_plan(
                 log.warning("host_not_started", host=decision.host.name, reason=halted)
                 decision = replace(decision, action=Action.SKIPPED, reason=halted, steps=())
             else:
-                decision = _apply_guarded(decision, datastore, nodes, config, inventory)
+                decision = _apply_guarded(decision, datastore, nodes, config, inventory, run_index)
         results.append(decision)
     return tuple(results)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -9,10 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from job.adapters.datastores.etcdv3 import build_inventory
 from job.config import Config
 from job.core.inventory import Inventory
+from job.core.ipam import IpamIndex
 from job.core.model import Action, BlockAffinity, CalicoHost, ClusterInfo, KubeNode, StoredItem
-from job.core.plan import plan_run
+from job.core.plan import build_index, plan_run, refreshed, reindexed
+from tests.support.scenario import cross_borrowing_fleet
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NO_GRACE = Config(grace_period=timedelta(0), max_orphan_fraction=1.0)
@@ -273,3 +277,38 @@ def test_a_malformed_orphan_does_not_take_a_deletion_slot() -> None:
         ("c-later", "deferred", "max_deletions"),
     ]
     assert not plan.decisions[2].steps, "no work is done for deferred hosts"
+
+
+def _normal(index: IpamIndex) -> tuple[object, ...]:
+    """An index as what it says, not how its lists were appended to."""
+    lists = [{k: sorted(v) for k, v in table.items() if v} for table in (index.owned, index.affine)]
+    networks = {shape: bases for shape, bases in index.networks._bases.items() if bases}
+    return index.blocks, dict(index.handles), *lists, sorted(map(str, index.malformed_networks)), networks
+
+
+@pytest.mark.parametrize("change", ["edited", "gone", "unreadable", "all three"])
+def test_a_re_plan_indexes_only_the_blocks_that_changed_and_indexes_them_as_a_full_build(change: str) -> None:
+    """IpamIndex.updated (via reindexed), after a conflict, equals indexing the refreshed
+    inventory from scratch: blocks edited, deleted and made unreadable under the job."""
+    scenario = cross_borrowing_fleet(3)
+    items = [StoredItem(k, 1, v) for k, v in sorted(scenario.seed.keys.items())]
+    inventory = build_inventory(iter(items), lambda: 1)
+    index = build_index(inventory)
+    blocks = [b for b in inventory.blocks if b.owners]
+    edited, gone, unreadable = blocks[0], blocks[1], blocks[2]
+    keys = {b.item.key for b in (edited, gone, unreadable)}
+    now = {b.item.key: b.item for b in inventory.blocks if b.item.key in keys}
+    if change in ("edited", "all three"):
+        value = json.loads(edited.item.value or "")
+        ordinal = next(o for o, i in enumerate(value["allocations"]) if i is not None)
+        value["allocations"][ordinal] = None  # an IP released under the job
+        value["unallocated"].append(ordinal)
+        now[edited.item.key] = StoredItem(edited.item.key, 2, json.dumps(value))
+    if change in ("gone", "all three"):
+        del now[gone.item.key]
+    if change in ("unreadable", "all three"):
+        now[unreadable.item.key] = StoredItem(unreadable.item.key, 2, "{not json")
+    host = inventory.hosts[0].name
+    after = refreshed(inventory, now, keys, host)
+    assert _normal(reindexed(index, after, keys)) == _normal(build_index(after))
+    assert _normal(index) == _normal(build_index(inventory)), "the index it started from is not changed"
