@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,6 @@ CHANNEL_OPTIONS = (
     # as given (as trust_env=False does for the v2 HTTP client).
     ("grpc.enable_http_proxy", 0),
 )
-Range = rpc_pb2.RangeRequest
-Txn = rpc_pb2.TxnRequest
-Compare = rpc_pb2.Compare
-RequestOp = rpc_pb2.RequestOp
-Put = rpc_pb2.PutRequest
-DeleteRange = rpc_pb2.DeleteRangeRequest
 # What etcd's own "try again" answers say (rpctypes): worth another attempt, like a refused dial.
 _ETCD_TRANSIENT = ("too many requests", "leader", "timed out", "timeout", "not capable", "stopped")
 # The alerts a server sends for a client certificate it refuses, or one it asked for and did not get.
@@ -189,11 +184,30 @@ class EtcdGrpc:
 
         return self._endpoints.call(attempt, f"etcd {method}")
 
-    def range(self, request: Any) -> Any:
+    def range(self, key: bytes, end: bytes, limit: int, revision: int, keys_only: bool = False) -> Any:
+        """Keys from `key` to `end` (b"": `key` alone) at `revision` (0: now): etcd's RangeResponse."""
+        request = rpc_pb2.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
         return self.call("Range", request)
 
-    def txn(self, request: Any) -> Any:
-        return self.call("Txn", request)
+    def get(self, keys: Sequence[bytes], revision: int) -> list[Any]:
+        """Exact keys at `revision` (0: now) in one transaction: the KeyValues of those present."""
+        reads = [rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k, revision=revision)) for k in keys]
+        answer = self.call("Txn", rpc_pb2.TxnRequest(success=reads))
+        return [kv for each in answer.responses for kv in each.response_range.kvs]
+
+    def write_if_unchanged(self, writes: Sequence[tuple[bytes, int, bytes | None]]) -> bool:
+        """(key, mod revision, value or None to delete) in one transaction, all if every key is
+        still at its revision (0: absent), none otherwise; whether they were written."""
+        compare = rpc_pb2.Compare
+        compares = [compare(key=k, result=compare.EQUAL, target=compare.MOD, mod_revision=r) for k, r, _ in writes]
+        operations = [
+            rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=k))
+            if v is None
+            else rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=v))
+            for k, _, v in writes
+        ]
+        answer = self.call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations))
+        return bool(answer.succeeded)
 
     def close(self) -> None:
         """Close every channel: calls still in flight (a read a stopped run left) are cancelled."""

@@ -17,12 +17,11 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
-from job.adapters.datastores.etcd_grpc import Compare, DeleteRange, EtcdGrpc, Put, Range, RequestOp, Txn
 from job.adapters.retry import RetryPolicy
 from job.config import Config
 from job.core.inventory import Inventory
@@ -48,6 +47,9 @@ from job.core.model import (
 )
 from job.core.plan import is_live
 from job.core.scan import BlockScan, find_dangling
+
+if TYPE_CHECKING:
+    from job.adapters.datastores.etcd_grpc import EtcdGrpc
 
 RESOURCES = "/calico/resources/v3/projectcalico.org/"
 NODES = RESOURCES + "nodes/"
@@ -612,7 +614,12 @@ class EtcdV3Datastore:
 
     def __init__(self, config: Config, retry: RetryPolicy, explain_empty: Callable[[], bool] | None = None) -> None:
         self._explain_empty = explain_empty
-        self._etcd = EtcdGrpc(config, retry)
+        # gRPC comes with the first etcd v3 datastore, not with this module: the etcd v2 adapter
+        # shares this module's key layout, and it and the Kubernetes datastore do without
+        # gRPC's 11.5 MB.
+        from job.adapters.datastores.etcd_grpc import EtcdGrpc
+
+        self._etcd: EtcdGrpc = EtcdGrpc(config, retry)
         self._config = config
         self._page_size = config.page_size
 
@@ -623,15 +630,8 @@ class EtcdV3Datastore:
         self, start: str | bytes, end: bytes | None, revision: int | None, limit: int = 0, keys_only: bool = False
     ) -> Any:
         """Keys from `start` to `end` (None: `start` alone) at `revision` (None: now): etcd's RangeResponse."""
-        answer = self._etcd.range(
-            Range(
-                key=_bytes(start) if isinstance(start, str) else start,
-                range_end=end or b"",
-                limit=limit or self._page_size,
-                revision=revision or 0,
-                keys_only=keys_only,
-            )
-        )
+        key = _bytes(start) if isinstance(start, str) else start
+        answer = self._etcd.range(key, end or b"", limit or self._page_size, revision or 0, keys_only)
         if answer.header.revision <= 0:
             raise DatastoreError(
                 "etcd answered a range without a revision: not etcd? check ETCD_ENDPOINTS (--etcd-endpoints)",
@@ -832,14 +832,9 @@ class EtcdV3Datastore:
         """Exact keys at `revision` (None: now), in transactions of 128 reads; absent keys left out."""
         found: dict[str, StoredItem] = {}
         for start in range(0, len(keys), MAX_TXN_OPS):
-            reads = [
-                RequestOp(request_range=Range(key=_bytes(key), revision=revision or 0))
-                for key in keys[start : start + MAX_TXN_OPS]
-            ]
-            for answer in self._etcd.txn(Txn(success=reads)).responses:
-                for kv in answer.response_range.kvs:
-                    key = _text(kv.key)
-                    found[key] = StoredItem(key, kv.mod_revision, _text(kv.value))
+            for kv in self._etcd.get([_bytes(key) for key in keys[start : start + MAX_TXN_OPS]], revision or 0):
+                key = _text(kv.key)
+                found[key] = StoredItem(key, kv.mod_revision, _text(kv.value))
         return found
 
     def current(self, keys: Sequence[str]) -> dict[str, StoredItem]:
@@ -851,18 +846,8 @@ class EtcdV3Datastore:
 
     def commit(self, step: Step) -> int:
         # An absent key's mod_revision compares as 0 (CREATE): a create is "still absent".
-        compare = [
-            Compare(key=_bytes(w.key), result=Compare.EQUAL, target=Compare.MOD, mod_revision=w.revision)
-            for w in step.writes
-        ]
-        success = [
-            RequestOp(request_delete_range=DeleteRange(key=_bytes(w.key)))
-            if w.value is None
-            else RequestOp(request_put=Put(key=_bytes(w.key), value=_bytes(w.value)))
-            for w in step.writes
-        ]
-        answer = self._etcd.txn(Txn(compare=compare, success=success))
-        return len(step.writes) if answer.succeeded else 0
+        writes = [(_bytes(w.key), w.revision, None if w.value is None else _bytes(w.value)) for w in step.writes]
+        return len(step.writes) if self._etcd.write_if_unchanged(writes) else 0
 
     def close(self) -> None:
         self._etcd.close()
