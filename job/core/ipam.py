@@ -378,22 +378,27 @@ class IpamIndex:
         index = IpamIndex(dict(self.blocks), handles, defaultdict(list, self.owned), defaultdict(list, self.affine))
         index.malformed_networks = list(self.malformed_networks)
         index.networks = self.networks.copy()
-        for cidr in [*blocks, *malformed]:
-            old = index.blocks.pop(cidr, None)
-            if old is None:
-                continue
-            index.networks.discard(cidr)
-            names = {owner for owner in old.owners.values() if owner is not None}
-            for table, name in [*((index.owned, n) for n in names), (index.affine, old.affine_host)]:
-                if name is not None:
-                    table[name] = [c for c in table[name] if c != cidr]
-        for block in blocks.values():
-            if block is not None:
-                index._add(block)
+        for cidr in dict.fromkeys([*blocks, *malformed]):
+            old, new = index.blocks.pop(cidr, None), blocks.get(cidr)
+            # Every list the old or the new block is in becomes a copy without it (the lists are
+            # this index's), then the new block is added to those copies.
+            for table, name in [*index._entries(old), *index._entries(new)]:
+                table[name] = [c for c in table.get(name, ()) if c != cidr]
+            if old is not None:
+                index.networks.discard(cidr)
+            if new is not None:
+                index._add(new)
         for cidr in malformed:
             with contextlib.suppress(ValueError):
                 index.malformed_networks.append(ipaddress.ip_network(cidr))
         return index
+
+    def _entries(self, block: IpamBlock | None) -> list[tuple[dict[str, list[str]], str]]:
+        """The lists of `owned` and `affine` that `block` is in, as (table, name)."""
+        if block is None:
+            return []
+        entries = [(self.owned, owner) for owner in {o for o in block.owners.values() if o is not None}]
+        return entries + ([(self.affine, block.affine_host)] if block.affine_host is not None else [])
 
     def _add(self, block: IpamBlock) -> None:
         self.blocks[block.cidr] = block

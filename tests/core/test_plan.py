@@ -286,10 +286,11 @@ def _normal(index: IpamIndex) -> tuple[object, ...]:
     return index.blocks, dict(index.handles), *lists, sorted(map(str, index.malformed_networks)), networks
 
 
-@pytest.mark.parametrize("change", ["edited", "gone", "unreadable", "all three"])
+@pytest.mark.parametrize("change", ["edited", "claimed by others", "gone", "unreadable", "all three"])
 def test_a_re_plan_indexes_only_the_blocks_that_changed_and_indexes_them_as_a_full_build(change: str) -> None:
     """IpamIndex.updated (via reindexed), after a conflict, equals indexing the refreshed
-    inventory from scratch: blocks edited, deleted and made unreadable under the job."""
+    inventory from scratch: blocks edited, taken over by hosts that already own and claim other
+    blocks (their lists must be copied, not appended to), deleted and made unreadable."""
     scenario = cross_borrowing_fleet(3)
     items = [StoredItem(k, 1, v) for k, v in sorted(scenario.seed.keys.items())]
     inventory = build_inventory(iter(items), lambda: 1)
@@ -303,6 +304,17 @@ def test_a_re_plan_indexes_only_the_blocks_that_changed_and_indexes_them_as_a_fu
         ordinal = next(o for o, i in enumerate(value["allocations"]) if i is not None)
         value["allocations"][ordinal] = None  # an IP released under the job
         value["unallocated"].append(ordinal)
+        now[edited.item.key] = StoredItem(edited.item.key, 2, json.dumps(value))
+    if change == "claimed by others":
+        value = json.loads(edited.item.value or "")
+        # Hosts whose other blocks are not read again: only their lists in the index show the change.
+        untouched = [b for b in blocks if b.item.key not in keys]
+        other = next(b for b in untouched if b.affine_host not in (None, edited.affine_host))
+        owner = next(o for b in untouched for o in b.owners.values() if o and o not in edited.owners.values())
+        value["affinity"] = f"host:{other.affine_host}"  # claimed by a host that claims another block
+        ordinal = value["unallocated"].pop(0)  # and an IP given to a node that owns IPs elsewhere
+        value["attributes"].append({"handle_id": "k8s-pod-network.new", "secondary": {"node": owner}})
+        value["allocations"][ordinal] = len(value["attributes"]) - 1
         now[edited.item.key] = StoredItem(edited.item.key, 2, json.dumps(value))
     if change in ("gone", "all three"):
         del now[gone.item.key]
