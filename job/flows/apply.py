@@ -92,11 +92,10 @@ def apply_host(
     nodes: NodeChecker,
     config: Config,
     inventory: Inventory,
-    run_index: Callable[[], IpamIndex] | None = None,
+    run_index: Callable[[], IpamIndex],
 ) -> HostDecision:
     """Delete one host; the result says deleted, skipped or failed, with what was committed.
     `run_index` gives the inventory's IPAM index (built once a run, at the first conflict)."""
-    run_index = run_index or partial(build_index, inventory)
     index: IpamIndex | None = None
     host = decision.host.name
     link = k8s_link(decision.host, config) or host

@@ -15,7 +15,7 @@ from job.adapters.datastores.etcdv3 import (
     assemble,
     bare_ip,
     build_inventory,
-    collect_raw,
+    collect_page,
     endpoint_spec,
 )
 from job.core.ipam import (
@@ -289,11 +289,10 @@ def test_an_endpoint_of_another_shape_is_read_whole_and_what_is_wrong_is_said() 
     }
     items = [StoredItem(f"{WORKLOAD_ENDPOINTS}ns/{name}", 1, value) for name, value in values.items()]
     inventory = build_inventory(iter(items), lambda: 1)
-    # etcd v3 answers bytes, which the read never makes text (collect_raw): the same result.
+    # etcd v3 answers bytes, which the read never makes text (collect_page): the same result.
     collected = Collected()
-    for item in items:
-        value = (item.value or "").encode()
-        collect_raw(collected, item.key, KeyValue(key=item.key.encode(), mod_revision=1, value=value))
+    page = [KeyValue(key=i.key.encode(), mod_revision=1, value=(i.value or "").encode()) for i in items]
+    collect_page(collected, WORKLOAD_ENDPOINTS, page)
     assert assemble(collected, 1) == inventory
     (host,) = inventory.hosts
     assert host.name == "n1"

@@ -166,8 +166,7 @@ def test_a_stop_signal_never_waits_on_a_hung_pods_list(harness: Harness, holding
 
     harness.kubeapi.on("GET", "^/api/v1/pods$", hang)
     try:
-        argv = job_argv(harness.kubeapi, holding, harness.tmp)
-        argv = [a if not a.startswith("--etcd-endpoints") else f"--etcd-endpoints={harness.etcd.url}" for a in argv]
+        argv = job_argv(harness.kubeapi, holding, harness.tmp, etcd_url=harness.etcd.url)
         code, stderr, report = stop_while_reading(argv, holding.called)
     finally:
         release.set()
@@ -196,8 +195,7 @@ def test_a_stopped_run_does_not_wait_on_a_hung_lease_release(harness: Harness, h
     harness.kubeapi.on("GET", "^/api/v1/pods$", hang_pods)
     harness.kubeapi.on("GET", f"^{LEASES}/calico-gc$", hang_lease_once_stopping, times=100)
     try:
-        argv = job_argv(harness.kubeapi, holding, harness.tmp)
-        argv = [a if not a.startswith("--etcd-endpoints") else f"--etcd-endpoints={harness.etcd.url}" for a in argv]
+        argv = job_argv(harness.kubeapi, holding, harness.tmp, etcd_url=harness.etcd.url)
         code, stderr, report = stop_while_reading(argv, holding.called)
     finally:
         release.set()

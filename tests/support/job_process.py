@@ -28,12 +28,17 @@ class Finished:
 
 
 def job_argv(
-    kubeapi: KubeApiServer, relay: WriteRelay | HoldingServer | HoldingGrpcServer, tmp: Path, *extra: str
+    kubeapi: KubeApiServer,
+    relay: WriteRelay | HoldingServer | HoldingGrpcServer,
+    tmp: Path,
+    *extra: str,
+    etcd_url: str | None = None,
 ) -> list[str]:
     """The job's command line with its etcd behind `relay` (the v2 keys API's when `extra` asks
-    for etcdv2)."""
+    for etcdv2), or at `etcd_url` when given."""
     kubeconfig = kubeapi.write_kubeconfig(tmp / "kubeconfig")
     url = relay.v2_url if isinstance(relay, WriteRelay) and "--datastore-type=etcdv2" in extra else relay.url
+    url = etcd_url or url
     return [
         sys.executable,
         "-m",

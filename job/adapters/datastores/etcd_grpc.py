@@ -173,7 +173,7 @@ class EtcdGrpc:
                 stub = self._stubs[index] = rpc_pb2_grpc.KVStub(channel)
             return stub
 
-    def call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any) -> Any:
         """`KV.<method>(request)`, retried on transient failures; its answer."""
 
         def attempt(index: int) -> Any:
@@ -187,12 +187,12 @@ class EtcdGrpc:
     def range(self, key: bytes, end: bytes, limit: int, revision: int, keys_only: bool = False) -> Any:
         """Keys from `key` to `end` (b"": `key` alone) at `revision` (0: now): etcd's RangeResponse."""
         request = rpc_pb2.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
-        return self.call("Range", request)
+        return self._call("Range", request)
 
     def get(self, keys: Sequence[bytes], revision: int) -> list[Any]:
         """Exact keys at `revision` (0: now) in one transaction: the KeyValues of those present."""
         reads = [rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k, revision=revision)) for k in keys]
-        answer = self.call("Txn", rpc_pb2.TxnRequest(success=reads))
+        answer = self._call("Txn", rpc_pb2.TxnRequest(success=reads))
         return [kv for each in answer.responses for kv in each.response_range.kvs]
 
     def write_if_unchanged(self, writes: Sequence[tuple[bytes, int, bytes | None]]) -> bool:
@@ -206,7 +206,7 @@ class EtcdGrpc:
             else rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=v))
             for k, _, v in writes
         ]
-        answer = self.call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations))
+        answer = self._call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations))
         return bool(answer.succeeded)
 
     def close(self) -> None:

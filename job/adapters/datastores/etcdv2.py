@@ -21,6 +21,7 @@ from job.adapters.datastores.etcdv3 import (
     bare_ip,
     collect_key,
     collect_pool,
+    inventory_of,
     k8s_node_name,
     unregistered_names,
 )
@@ -184,15 +185,7 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
     for number, host in enumerate(hosts):
         if not host.registered:
             hosts[number] = replace(host, tunnel_ips=orphan_tunnel_ips(host.name, collected.blocks, spoken_for))
-    return Inventory(
-        hosts=tuple(hosts),
-        blocks=tuple(collected.blocks),
-        handles=collected.handles,
-        malformed_blocks=tuple(collected.malformed_blocks),
-        pools=tuple(sorted(collected.pools)),
-        cluster=cluster,
-        problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
-    )
+    return inventory_of(collected, hosts, cluster, 0)  # v2 pins no revision
 
 
 def _host(name: str, tree: list[StoredItem], collected: Collected) -> CalicoHost | None:

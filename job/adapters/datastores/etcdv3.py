@@ -336,8 +336,10 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
 
 
 def collect_page(collected: Collected, prefix: str, kvs: Sequence[KeyValue]) -> None:
-    """collect_raw for a page of `prefix`'s keys: the prefix is known, so the most numerous keys
-    are filed without testing each for its prefix (at 5,000 hosts, 205,000 of them)."""
+    """collect_key for a page of `prefix`'s keys as etcd v3 answers them, making no StoredItem of
+    what is not kept: an endpoint's value stays bytes (nothing of it is kept but its node and
+    IPs), and a handle becomes an item only when a plan may write it (at 5,000 hosts, 200,000
+    values and items). The prefix is known, so no key is tested for it."""
     if prefix == HANDLES:
         for kv in kvs:
             collect_handle(collected, _text(kv.key), kv.mod_revision, _text(kv.value))
@@ -347,18 +349,6 @@ def collect_page(collected: Collected, prefix: str, kvs: Sequence[KeyValue]) -> 
     else:
         for kv in kvs:
             collect_key(collected, StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value)))
-
-
-def collect_raw(collected: Collected, key: str, kv: KeyValue) -> None:
-    """collect_key for a key as etcd v3 answers it, making no StoredItem of what is not kept:
-    an endpoint's value stays bytes (nothing of it is kept but its node and IPs), and a handle
-    becomes an item only when a plan may write it (at 5,000 hosts, 200,000 values and items)."""
-    if key.startswith(HANDLES):
-        collect_handle(collected, key, kv.mod_revision, _text(kv.value))
-    elif key.startswith(WORKLOAD_ENDPOINTS):
-        collect_endpoint(collected, key, kv.mod_revision, kv.value)
-    else:
-        collect_key(collected, StoredItem(key, kv.mod_revision, _text(kv.value)))
 
 
 def collect_handle(collected: Collected, key: str, revision: int, value: str | None) -> None:
@@ -595,13 +585,18 @@ def assemble(collected: Collected, revision: int) -> Inventory:
     # Names with data but no Calico Node (docs/calico-data.md, "IPAM-only hosts"): removed like a
     # host once no Kubernetes Node has that name, minus the Node they do not have.
     hosts += [_filed(name, None, collected) for name in sorted(unregistered_names(collected, set(collected.nodes)))]
+    return inventory_of(collected, hosts, collected.cluster, revision)
+
+
+def inventory_of(collected: Collected, hosts: Sequence[CalicoHost], cluster: ClusterInfo, revision: int) -> Inventory:
+    """The Inventory of assembled `hosts` and what else was collected (etcd v3 and v2 alike)."""
     return Inventory(
         hosts=tuple(hosts),
         blocks=tuple(collected.blocks),
         handles=collected.handles,
         malformed_blocks=tuple(collected.malformed_blocks),
         pools=tuple(sorted(collected.pools)),
-        cluster=collected.cluster,
+        cluster=cluster,
         problems=tuple(sorted(collected.problems, key=lambda p: (p.key, p.kind))),
         revision=revision,
     )
@@ -644,7 +639,7 @@ class EtcdV3Datastore:
     ) -> Iterator[tuple[Sequence[KeyValue], int]]:
         """Pages of raw key-values under `prefix`, all at one revision (the first page's).
 
-        A page holds at most page_size keys and, after the first, about PAGE_BYTES of values.
+        A page holds at most page_size keys and, after the first, about PAGE_BYTES.
         etcd counts every key from a page's start to its range end, so a plain paged read of N
         keys makes etcd count ~N²/2 keys per page size (at 5,000 hosts, a quarter of etcd's
         work). Each page after the first therefore asks for a Window that should hold about
