@@ -279,20 +279,19 @@ def _release(lock: Lock, stopping: bool) -> None:
         raise released.exception()  # type: ignore[misc]
 
 
-def _node_names(kube_read: Future[tuple[tuple[KubeNode, ...], HealthInputs]]) -> set[str]:
+def _node_names(kube_read: Future[tuple[tuple[KubeNode, ...], HealthInputs, float]]) -> set[str]:
     """The Kubernetes Node names, for the datastore read (which waits for them: see Datastore.read)."""
     return {node.name for node in kube_read.result()[0]}
 
 
-def _read_kubernetes(
-    deps: Dependencies, config: Config, timings: dict[str, float]
-) -> tuple[tuple[KubeNode, ...], HealthInputs]:
+def _read_kubernetes(deps: Dependencies, config: Config) -> tuple[tuple[KubeNode, ...], HealthInputs, float]:
+    """The Nodes, the health inputs and the seconds they took. It only reads: what is logged and
+    recorded of it is done by the run that awaits it, so that a read the run abandoned (the
+    datastore failed first, or a stop came) says nothing after the run has finished."""
     started = time.perf_counter()
     listed = deps.nodes.list_nodes()
-    log.info("kubernetes_read", nodes=len(listed))
     inputs = deps.health(config)
-    timings["kubernetes_read"] = time.perf_counter() - started
-    return listed, inputs
+    return listed, inputs, time.perf_counter() - started
 
 
 def _leaked(
@@ -358,12 +357,15 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
     timings = record.timings
-    kube_read = _in_background(_read_kubernetes, deps, config, timings)
+    kube_read = _in_background(_read_kubernetes, deps, config)
     started = time.perf_counter()
     names = partial(_node_names, kube_read)
     inventory = _read(deps, "the Calico datastore", deps.datastore.read, names)
     timings["datastore_read"] = time.perf_counter() - started
-    kube_nodes, health_inputs = _await(deps, "the Kubernetes Nodes and calico-node pods", kube_read)
+    kube_nodes, health_inputs, timings["kubernetes_read"] = _await(
+        deps, "the Kubernetes Nodes and calico-node pods", kube_read
+    )
+    log.info("kubernetes_read", nodes=len(kube_nodes))
     record.k8s_node_count = len(kube_nodes)
     log.info(
         "datastore_read",

@@ -348,3 +348,23 @@ def test_values_of_the_wrong_json_type_are_reported_with_their_key(harness: Harn
     harness.kubeapi.add_node("live-a", "10.0.0.1")
     report, _ = harness.run(harness.config(max_orphan_fraction=1.0))
     assert [e for e in report["errors"] if e.get("key") == target[0]], f"{kind} is reported with its key"
+
+
+def test_a_kubernetes_read_the_run_abandoned_says_nothing_after_the_run_finished(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """etcd fails before the Node list (read beside it) has come back: the run ends without it,
+    and that read, answered later, logs nothing after `run_finished` (it once logged, and wrote
+    its timing into a report already written)."""
+    release = threading.Event()
+    harness.kubeapi.on("GET", "^/api/v1/nodes$", lambda: release.wait(30))
+    etcd_down = f"http://127.0.0.1:{free_port()}"
+    code, report = run_main(harness, capsys, ETCD_ENDPOINTS=etcd_down, CALICO_GC_RETRY_ATTEMPTS="1")
+    assert code == 1 and "kubernetes_read" not in report["timings"]
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name == "_read_kubernetes":
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+    late = capsys.readouterr().err
+    assert late == "", f"logged after run_finished: {late}"
