@@ -14,6 +14,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from job.core.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Step, StoredItem, Write
@@ -38,28 +39,70 @@ def dump(value: JsonObject) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+@dataclass(frozen=True, slots=True)
+class Cidr:
+    """A network: its canonical text, IP version, first address as a number, and prefix length."""
+
+    text: str
+    version: int
+    base: int
+    length: int
+
+    @property
+    def size(self) -> int:
+        return 1 << ((32 if self.version == 4 else 128) - self.length)
+
+
+def parse_cidr(text: str, strict: bool = True) -> Cidr | None:
+    """`text` as a network, None when it is not one (or, `strict`, has host bits set). IPv4 is
+    parsed by hand: a read parses every block's CIDR, and an ipaddress network costs 5 us."""
+    address, slash, length = text.partition("/")
+    if slash and length.isascii() and length.isdigit() and int(length) <= 32 and _IPV4.fullmatch(address):
+        prefix = int(length)
+        a, b, c, d = map(int, address.split("."))
+        number = a << 24 | b << 16 | c << 8 | d
+        base = number >> (32 - prefix) << (32 - prefix)
+        if base == number:
+            return Cidr(f"{address}/{prefix}", 4, base, prefix)
+        if strict:
+            return None
+        return Cidr(f"{base >> 24}.{base >> 16 & 255}.{base >> 8 & 255}.{base & 255}/{prefix}", 4, base, prefix)
+    try:
+        network = ipaddress.ip_network(text, strict=strict)
+    except ValueError:
+        return None
+    return Cidr(str(network), network.version, int(network.network_address), network.prefixlen)
+
+
 def block_shape_problem(data: object, cidr: str | None = None) -> str | None:
     """Why a parsed block value cannot be edited safely (or is not the block `cidr` names)."""
     if not isinstance(data, dict):
         return "block value is not a JSON object"
-    try:
-        network = ipaddress.ip_network(str(data.get("cidr")))
-    except ValueError:
+    network = parse_cidr(str(data.get("cidr")))
+    if network is None:
         return f"block cidr {data.get('cidr')!r} is not a network"
-    if cidr is not None and str(network) != cidr:
+    if cidr is not None and network.text != cidr:
         return f"block cidr {data['cidr']!r} does not match its key"
     allocations = data.get("allocations")
     attributes = data.get("attributes") or []
     unallocated = data.get("unallocated") or []
-    if not isinstance(allocations, list) or len(allocations) != network.num_addresses:
+    if not isinstance(allocations, list) or len(allocations) != network.size:
         return "block allocations do not match its cidr size"
-    if not isinstance(attributes, list) or not all(isinstance(a, dict) for a in attributes):
+    # Checked a type at a time (set(map(type, ...))), not an item at a time: a read checks every block.
+    if not isinstance(attributes, list) or not set(map(type, attributes)) <= {dict}:
         return "block attributes are not a list of objects"
-    if not isinstance(unallocated, list) or not all(type(o) is int for o in unallocated):
+    # Calico's Go types: a handle_id is a string and a secondary an object, else Calico cannot read the block.
+    if not set(map(type, map(dict.get, attributes, repeat("handle_id")))) <= {str, type(None)}:
+        handle = next(h for h in (a.get("handle_id") for a in attributes) if h is not None and type(h) is not str)
+        return f"block attribute handle_id is {handle!r}, not a string"
+    if not set(map(type, map(dict.get, attributes, repeat("secondary")))) <= {dict, type(None)}:
+        return "block attribute secondary is not an object"
+    if not isinstance(unallocated, list) or not set(map(type, unallocated)) <= {int}:
         return "block unallocated is not a list of ordinals"
-    for index in allocations:
-        if index is not None and not (type(index) is int and 0 <= index < len(attributes)):
-            return f"block allocation points at missing attribute {index!r}"
+    pointers = [index for index in allocations if index is not None]
+    if pointers and not (set(map(type, pointers)) <= {int} and min(pointers) >= 0 and max(pointers) < len(attributes)):
+        index = next(i for i in pointers if not (type(i) is int and 0 <= i < len(attributes)))
+        return f"block allocation points at missing attribute {index!r}"
     if "sequenceNumber" in data and type(data["sequenceNumber"]) is not int:
         return f"block sequenceNumber is {data['sequenceNumber']!r}, not a whole number"
     return None
@@ -91,8 +134,20 @@ class Owners(Mapping[int, str | None]):
     def __len__(self) -> int:
         return self._bits.bit_count() + len(self._others or ())
 
+    def nodes(self) -> set[str]:
+        """The nodes allocated to, none left out (set(self.values()) without None, and without a
+        lookup per ordinal: a run indexes every block)."""
+        found = {self._host} if self._bits and self._host is not None else set()
+        found.update(node for node in (self._others or {}).values() if node is not None)
+        return found
+
     def __repr__(self) -> str:
         return f"Owners({dict(self)!r})"
+
+
+def owner_nodes(owners: Mapping[int, str | None]) -> set[str]:
+    """The nodes a block's allocations are of (Owners.nodes, for any mapping of them)."""
+    return owners.nodes() if isinstance(owners, Owners) else {node for node in owners.values() if node}
 
 
 def summarize_block(data: Mapping[str, Any]) -> tuple[str | None, Owners]:
@@ -106,7 +161,8 @@ def summarize_block(data: Mapping[str, Any]) -> tuple[str | None, Owners]:
     for ordinal, position in enumerate(data["allocations"]):
         if position is not None:
             attribute = attributes[position]
-            owner = _owner_node(attribute) or tunnel_handle_node(attribute.get("handle_id"))
+            handle = attribute.get("handle_id")
+            owner = _owner_node(attribute) or tunnel_handle_node(handle if isinstance(handle, str) else None)
             if owner and owner == host:
                 bits |= 1 << ordinal
             else:
@@ -312,8 +368,8 @@ class Networks:
         self._bases: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)  # (version, length) -> base
 
     def add(self, cidr: str) -> None:
-        network = ipaddress.ip_network(cidr)
-        self._bases[(network.version, network.prefixlen)][int(network.network_address)] = cidr
+        network = _network(cidr)
+        self._bases[(network.version, network.length)][network.base] = cidr
 
     def copy(self) -> Networks:
         copied = Networks()
@@ -321,15 +377,16 @@ class Networks:
         return copied
 
     def discard(self, cidr: str) -> None:
-        network = ipaddress.ip_network(cidr)
-        self._bases[(network.version, network.prefixlen)].pop(int(network.network_address), None)
+        network = _network(cidr)
+        self._bases[(network.version, network.length)].pop(network.base, None)
 
     def locate(self, ip: str) -> tuple[str, int] | None:
         """The block `ip` is in and its ordinal there; None when in none (or not an address)."""
         parsed = address_number(ip)
-        if parsed is None:
-            return None
-        version, address = parsed
+        return None if parsed is None else self.at(*parsed)
+
+    def at(self, version: int, address: int) -> tuple[str, int] | None:
+        """The block an address (as a number) is in and its ordinal there; None when in none."""
         width = 128 if version == 6 else 32
         for (family, length), bases in self._bases.items():
             if family == version:
@@ -397,7 +454,7 @@ class IpamIndex:
         """The lists of `owned` and `affine` that `block` is in, as (table, name)."""
         if block is None:
             return []
-        entries = [(self.owned, owner) for owner in {o for o in block.owners.values() if o is not None}]
+        entries = [(self.owned, owner) for owner in owner_nodes(block.owners)]
         return entries + ([(self.affine, block.affine_host)] if block.affine_host is not None else [])
 
     def _add(self, block: IpamBlock) -> None:
@@ -405,7 +462,7 @@ class IpamIndex:
         self.networks.add(block.cidr)
         if block.affine_host is not None:
             self.affine[block.affine_host].append(block.cidr)
-        for owner in {owner for owner in block.owners.values() if owner is not None}:
+        for owner in owner_nodes(block.owners):
             self.owned[owner].append(block.cidr)
 
     def owned_by(self, node: str) -> dict[str, set[int]]:
@@ -420,6 +477,8 @@ class IpamIndex:
         return self.networks.locate(ip)
 
     def in_malformed_block(self, ip: str) -> bool:
+        if not self.malformed_networks:
+            return False  # nearly always: no address object for each of a host's IPs
         try:
             address = ipaddress.ip_address(ip)
         except ValueError:
@@ -466,10 +525,8 @@ def _delete_emptied(item: StoredItem, emptied: JsonObject) -> Write:
 
 
 def normal_cidr(text: str) -> str | None:
-    try:
-        return str(ipaddress.ip_network(text, strict=False))
-    except ValueError:
-        return None
+    network = parse_cidr(text, strict=False)
+    return None if network is None else network.text
 
 
 @dataclass
@@ -600,11 +657,19 @@ class StaleHandle:
     repaired: JsonObject | None
 
 
+def _network(cidr: str) -> Cidr:
+    """A block's CIDR, which its reader has checked."""
+    network = parse_cidr(cidr)
+    if network is None:
+        raise ValueError(f"{cidr!r} is not a network")
+    return network
+
+
 def address_in(cidr: str) -> Callable[[int], str]:
     """The address at an ordinal of a block, as text; IPv4 without building an ipaddress object
     per address (the IPAM check asks for hundreds of thousands)."""
-    network = ipaddress.ip_network(cidr)
-    base = int(network.network_address)
+    network = _network(cidr)
+    base = network.base
     if network.version == 4:
         return lambda ordinal: f"{(n := base + ordinal) >> 24}.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
     return lambda ordinal: str(ipaddress.IPv6Address(base + ordinal))

@@ -58,7 +58,9 @@ def pod_attribution(
     Allocations of nodes that are gone go with their host instead. Calico 2.x records no node:
     there the pod is named by the handle its CNI writes, `<namespace>.<pod>`, and the node is ""
     (any pod of that name then holds the IP)."""
-    secondary = attribute.get("secondary") or {}
+    secondary = attribute.get("secondary")
+    if not isinstance(secondary, dict):
+        secondary = {}  # none, or not an object: names no pod
     if calico2 and not secondary and "." in handle:
         namespace, pod = handle.split(".", 1)
         return "", namespace, pod

@@ -4,14 +4,33 @@ leak may be). A lean read makes it as it reads (Inventory.scan); otherwise the f
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
-from collections.abc import Container, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from job.core.ipam import Held, Networks, address_in, affinity_host, block_data
+from job.core.ipam import (
+    Held,
+    Networks,
+    Owners,
+    address_in,
+    address_number,
+    affinity_host,
+    block_data,
+    tunnel_handle_node,
+)
 from job.core.leaks import Allocation, pod_attribution
 from job.core.model import IpamBlock
+
+
+class BlockSummary(NamedTuple):
+    """What BlockScan.add gives of a block: its affine host, each allocation's node (Owners), and
+    whether an allocation is of a host that is not live (BlockScan.owner_live)."""
+
+    affine_host: str | None
+    owners: Owners
+    touched: bool
 
 
 @dataclass
@@ -34,38 +53,78 @@ class BlockScan:
     unheld: dict[str, int] = field(default_factory=dict)  # cidr -> bits of the ordinals above
     pod_ips: dict[tuple[str, str], list[Allocation]] = field(default_factory=lambda: defaultdict(list))
     attributed: bool = False  # `pod_ips` is made (attribute): what the bits say is final
+    # Whether a node is live (a host calico-gc keeps), when the read plans on arrival: `add` then
+    # collects in `wanted` the handles of allocations no live host owns (a plan may write those).
+    owner_live: Callable[[str], bool] | None = None
+    # An IP as (version, number); an adapter may give a faster one than the pure core has.
+    parse_ip: Callable[[str], tuple[int, int] | None] = address_number
+    wanted: set[str] = field(default_factory=set)
     _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
-    def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> None:
-        """One block's JSON. `dangling` is filled only when `handles` is given; a read that scans
-        blocks before it reads the handles calls find_dangling once it has."""
+    def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> BlockSummary:
+        """One block's JSON (of a shape block_shape_problem accepts), in one pass over its allocations:
+        a read adds every block, and at 5,000 hosts three passes took a third of the read's filing.
+        `dangling` is filled only when `handles` is given; a read that scans blocks before it reads
+        the handles calls find_dangling once it has. Gives what the index needs of the block
+        (summarize_block's summary), and whether it holds an allocation of a host `owner_live`
+        does not call live (those allocations' handles go into `wanted`)."""
         assert self._networks is None, "a block added after blocks_read"
-        per_node = self.node_allocated
         host = affinity_host(data)
+        live, live_nodes, calico2, held, wanted = self.owner_live, self.live_nodes, self.calico2, self.held, self.wanted
+        touched = host_gone = host is not None and live is not None and not live(host)
         if host:
             self.node_blocks[host] += 1
         attributes = data.get("attributes") or []
-        ip_of = address_in(cidr)
-        count = bits = 0
+        count = bits = mine = hosts = 0
+        others: dict[int, str | None] | None = None
+        per_node = self.node_allocated
         for ordinal, index in enumerate(data["allocations"]):
             if index is None:
                 continue
             count += 1
             attribute = attributes[index]
             handle = attribute.get("handle_id")
-            secondary = attribute.get("secondary") or {}
-            per_node[secondary.get("node") or host or ""] += 1
-            if not handle or not isinstance(handle, str):
+            if not isinstance(handle, str):
+                handle = None
+            secondary = attribute.get("secondary")
+            node = secondary.get("node") if isinstance(secondary, dict) else None
+            if not isinstance(node, str):
+                node = None
+            owner = node or tunnel_handle_node(handle)
+            if owner and owner == host:
+                mine |= 1 << ordinal
+                if host_gone and handle:
+                    wanted.add(handle)
+            else:
+                others = others or {}
+                others[ordinal] = sys.intern(owner) if owner else None
+                if live is not None and (not owner or not live(owner)):
+                    touched = True
+                    if handle:
+                        wanted.add(handle)
+            if not node or node == host:
+                hosts += 1
+            else:
+                per_node[node] += 1
+            if not handle:
                 continue
-            self.held.add(handle, cidr)
+            held.add(handle, cidr)
             if handles is not None and handle not in handles:
-                self.dangling.append({"ip": ip_of(ordinal), "handle": handle})
-            if pod_attribution(attribute, handle, self.live_nodes, self.calico2) is not None:
+                self.dangling.append({"ip": address_in(cidr)(ordinal), "handle": handle})
+            if node:  # leaks.pod_attribution, inlined for the allocations that name a node
+                if node in live_nodes:
+                    space, pod = secondary.get("namespace"), secondary.get("pod")
+                    if space and pod and isinstance(space, str) and isinstance(pod, str):
+                        bits |= 1 << ordinal
+            elif calico2 and pod_attribution(attribute, handle, live_nodes, calico2):
                 bits |= 1 << ordinal
+        if hosts:
+            per_node[host or ""] += hosts
         self.allocated[cidr] = count
         if bits:
             self.unheld[cidr] = bits
+        return BlockSummary(host, Owners(sys.intern(host) if host else None, mine, others), touched)
 
     def blocks_read(self) -> None:
         """Every block is added: the endpoint IPs given so far are looked up, later ones at once."""
@@ -82,8 +141,10 @@ class BlockScan:
         if networks is None:
             self._pending.extend(ips)
             return
+        parse, at = self.parse_ip, networks.at
         for ip in ips:
-            located = networks.locate(ip)
+            parsed = parse(ip)
+            located = None if parsed is None else at(*parsed)
             if located is not None:
                 cidr, ordinal = located
                 self.unheld[cidr] &= ~(1 << ordinal)

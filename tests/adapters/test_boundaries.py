@@ -299,6 +299,16 @@ def bad_value(harness: Harness, key: str, change: Any) -> None:
             lambda v: v.update(sequenceNumber=None),
         ),
         (
+            "an allocation's handle_id a number",
+            "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26",
+            lambda v: v["attributes"][0].update(handle_id=5),
+        ),
+        (
+            "an allocation's secondary a string",
+            "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26",
+            lambda v: v["attributes"][0].update(secondary="node"),
+        ),
+        (
             "handle count a word",
             "/calico/ipam/v2/handle/ipip-tunnel-addr-ip-10-0-1-20.ec2.internal",
             lambda v: v["block"].update({"100.96.20.0/26": "one"}),

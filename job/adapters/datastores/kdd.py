@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from job.adapters.datastores.base import DatastoreError, DatastoreMismatch
+from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_number
 from job.adapters.kube import Kube, KubeError, typed_page
 from job.core.inventory import Inventory
-from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
+from job.core.ipam import block_shape_problem, owner_nodes, summarize_block, tunnel_handle_node
 from job.core.model import (
     CREATE,
     BlockAffinity,
@@ -226,7 +226,7 @@ class KddDatastore:
         else:
             handles = self._handles(problems, lambda _id, _spec: True)
         named = set(owned) | set(affinities) | {b.affine_host for b in blocks if b.affine_host}
-        named |= {owner for b in blocks for owner in b.owners.values() if owner}
+        named = named.union(*(owner_nodes(b.owners) for b in blocks))
         hosts = tuple(
             CalicoHost(
                 name,
@@ -284,18 +284,11 @@ class KddDatastore:
     def _scan(blocks: Iterable[IpamBlock], names: Set[str]) -> tuple[BlockScan, set[str]]:
         """The IPAM check's pass over every block, and the handles of allocations no live node owns
         (a plan may write those)."""
-        scan, wanted = BlockScan(names), set()
+        scan = BlockScan(names, owner_live=names.__contains__, parse_ip=ip_number)
         for block in blocks:
-            data = json.loads(block.item.value or "")
-            scan.add(block.cidr, data)
-            attributes = data.get("attributes") or []
-            for ordinal, owner in block.owners.items():
-                if owner is None or owner not in names:
-                    handle = attributes[data["allocations"][ordinal]].get("handle_id")
-                    if isinstance(handle, str) and handle:
-                        wanted.add(handle)
+            scan.add(block.cidr, json.loads(block.item.value or ""))
         scan.blocks_read()
-        return scan, wanted
+        return scan, scan.wanted
 
     def _handles(self, problems: list[DataProblem], keep: Callable[[str, _HandleSpec], bool]) -> dict[str, IpamHandle]:
         handles: dict[str, IpamHandle] = {}
