@@ -2,7 +2,7 @@
 `etcdctl` and plain paged reads of the same prefixes.
 
 Prints, each as a median with its spread: the job's wall time (`python -m job` as a process, as
-in a pod), `etcdctl` reading the same prefixes (goal: the dry run at most 1.5x), the CPU the test
+in a pod; under `make bench` with the image's dependency set, BENCH_JOB_PYTHON), `etcdctl` reading the same prefixes (goal: the dry run at most 1.5x), the CPU the test
 etcd spent serving each (read from /proc; goal: at most 2x etcdctl's), one plain paged gRPC read
 with the job's client, the same over etcd's JSON gateway (what the job spoke before gRPC, and
 what etcd spends serving it), the job's peak RSS (goal: 150 MB at 5,000 hosts, 200 MB at 15,000)
@@ -46,6 +46,8 @@ from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import KubeApiServer
 
 T = TypeVar("T")
+# The interpreter the job runs with: `make bench` gives one with the image's dependency set only.
+JOB_PYTHON = os.environ.get("BENCH_JOB_PYTHON", sys.executable)
 
 
 def grpc_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[Sequence[KeyValue]]:
@@ -167,7 +169,7 @@ def run_job(
     started = time.perf_counter()
     with open(log or os.devnull, "wb") as stderr:
         code = subprocess.run(
-            [sys.executable, "-m", "bench.peak", str(peak_file), *args, "--report-file", str(report_file)],
+            [JOB_PYTHON, "-m", "bench.peak", str(peak_file), *args, "--report-file", str(report_file)],
             env={**env, "PYTHONPATH": here} if tree else env,
             cwd=tree or here,
             stdout=subprocess.DEVNULL,
