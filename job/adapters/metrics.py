@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Gauge, pushadd_to_gateway
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = structlog.get_logger("calico_gc.metrics")
 JOB = "calico-gc"
@@ -16,6 +18,9 @@ HEALTH_LEVELS = {"ok": 0, "degraded": 1, "critical": 2}
 def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool) -> CollectorRegistry:
     """The run's gauges; `last_success` is only in the registry when the run succeeded, and
     pushadd (POST) replaces only the metrics pushed, so a failed run keeps the last value."""
+    # Imported by a run that pushes, not by every run: prometheus_client costs 24 ms to import.
+    from prometheus_client import CollectorRegistry, Gauge
+
     registry = CollectorRegistry()
     summary, health = report["summary"], report.get("health") or {}
     hosts = Gauge("calico_gc_hosts", "Calico hosts that are not live, by action", ["action"], registry=registry)
@@ -71,6 +76,8 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool) -> 
 
 def push(gateway: str, cluster: str, report: dict[str, Any], duration_s: float, succeeded: bool) -> str | None:
     """Push under the stable grouping key {job, cluster}; return the error text on failure."""
+    from prometheus_client import pushadd_to_gateway
+
     try:
         pushadd_to_gateway(
             gateway,
