@@ -47,7 +47,7 @@ from tests.support.kubeapi import KubeApiServer
 
 T = TypeVar("T")
 # The interpreter the job runs with: `make bench` gives one with the image's dependency set only.
-JOB_PYTHON = os.environ.get("BENCH_JOB_PYTHON", sys.executable)
+JOB_PYTHON = os.path.abspath(os.environ.get("BENCH_JOB_PYTHON", sys.executable))  # not resolved: a venv
 
 
 def grpc_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[Sequence[KeyValue]]:

@@ -346,7 +346,7 @@ def collect_page(collected: Collected, prefix: str, kvs: Sequence[KeyValue]) -> 
     if prefix == HANDLES:
         _collect_handles(collected, ((_text(kv.key), kv.mod_revision, _text(kv.value)) for kv in kvs))
     elif prefix == WORKLOAD_ENDPOINTS:
-        _collect_endpoints(collected, ((_text(kv.key), kv.mod_revision, kv.value) for kv in kvs))
+        _collect_endpoints(collected, ((kv.key, kv.mod_revision, kv.value) for kv in kvs))
     else:
         for kv in kvs:
             collect_key(collected, StoredItem(_text(kv.key), kv.mod_revision, _text(kv.value)))
@@ -378,22 +378,22 @@ def _collect_handles(collected: Collected, entries: Iterable[tuple[str, int, str
 
 def collect_endpoint(collected: Collected, key: str, revision: int, value: str | bytes) -> None:
     """A workload endpoint filed under its node, as its key, its IPs, and no value."""
-    _collect_endpoints(collected, [(key, revision, value)])
+    _collect_endpoints(collected, [(_bytes(key), revision, value)])
 
 
-def _collect_endpoints(collected: Collected, entries: Iterable[tuple[str, int, str | bytes]]) -> None:
+def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int, str | bytes]]) -> None:
     """Workload endpoints filed under their nodes, as their keys, IPs, and no values; of a live
-    host's, only the IPs are kept, for the block scan. A page at a time: there are 20 endpoints to
-    a host, and a call per endpoint was a fifth of their filing."""
+    host's, only the IPs are kept, for the block scan (its key is never made text). A page at a
+    time: there are 20 endpoints to a host, and a call per endpoint was a fifth of their filing."""
     live, endpoints = collected.live, collected.endpoints
     held: list[str] = []  # the IPs of the page's endpoints, for the block scan
     slashes = WORKLOAD_ENDPOINTS.count("/") + 1  # <namespace>/<name>
     for key, revision, value in entries:
-        if key.count("/") != slashes:
-            collected.problem("unknown_key", key, "not a workload endpoint key")
+        if key.count(b"/") != slashes:
+            collected.problem("unknown_key", _text(key), "not a workload endpoint key")
             continue
         # Another shape is parsed whole, to say what is wrong with it.
-        typed = endpoint_spec(value) or _endpoint_of_any_shape(collected, key, revision, value)
+        typed = endpoint_spec(value) or _endpoint_of_any_shape(collected, _text(key), revision, value)
         if typed is None:
             continue
         node, networks = typed
@@ -405,7 +405,7 @@ def _collect_endpoints(collected: Collected, entries: Iterable[tuple[str, int, s
             if live(node):
                 continue  # a live host's: never planned
         # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
-        endpoints[node].append(WorkloadEndpoint(StoredItem(key, revision, None), node, tuple(ips)))
+        endpoints[node].append(WorkloadEndpoint(StoredItem(_text(key), revision, None), node, tuple(ips)))
     if held:
         scanning(collected).held_by_endpoints(held)
 
@@ -454,7 +454,8 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
         return
     affine_host, owners, touched = scanning(collected).add(cidr, value)
     # A block no orphan touches keeps only its summary; its value is read again if a plan needs it.
-    collected.blocks.append(IpamBlock(item if touched else replace(item, value=None), cidr, affine_host, owners))
+    kept = item if touched else StoredItem(item.key, item.revision, None)
+    collected.blocks.append(IpamBlock(kept, cidr, affine_host, owners))
 
 
 def scanning(collected: Collected) -> BlockScan:
@@ -514,17 +515,18 @@ def _collect_affinity(collected: Collected, item: StoredItem) -> None:
 
 def _filed(name: str, node: StoredItem | None, collected: Collected) -> CalicoHost:
     """The host `name` with everything filed under it; registered when it has a Calico Node."""
-    return CalicoHost(
-        name,
-        node,
-        None,
+    return CalicoHost(name, node, None, registered=node is not None, **_filed_under(name, collected))
+
+
+def _filed_under(name: str, collected: Collected) -> dict[str, Any]:
+    """What is filed under `name`, as CalicoHost's fields, taken out of `collected`."""
+    return {
         # Sorted by key: prefixes are read side by side, so arrival order is not stable.
-        workload_endpoints=tuple(sorted(collected.endpoints.pop(name, ()), key=lambda e: e.item.key)),
-        affinities=tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
-        owned=tuple(sorted(collected.owned.pop(name, ()), key=lambda i: i.key)),
-        felix_alive=name in collected.felix_alive,
-        registered=node is not None,
-    )
+        "workload_endpoints": tuple(sorted(collected.endpoints.pop(name, ()), key=lambda e: e.item.key)),
+        "affinities": tuple(sorted(collected.affinities.pop(name, ()), key=lambda a: a.item.key)),
+        "owned": tuple(sorted(collected.owned.pop(name, ()), key=lambda i: i.key)),
+        "felix_alive": name in collected.felix_alive,
+    }
 
 
 def _identity(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
@@ -547,15 +549,10 @@ def _identity(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
 
 
 def _host(name: str, node: StoredItem, collected: Collected) -> CalicoHost:
+    """A registered host: its identity (as parsed once, _identity), with the Node as the read
+    keeps it (a live host's without its value) and what is filed under it."""
     identity = collected.identities.pop(name, None) or _identity(name, node, collected)
-    filed = _filed(name, node, collected)
-    return replace(
-        identity,
-        workload_endpoints=filed.workload_endpoints,
-        affinities=filed.affinities,
-        owned=filed.owned,
-        felix_alive=filed.felix_alive,
-    )
+    return replace(identity, node=node, **_filed_under(name, collected))
 
 
 def unregistered_names(collected: Collected, registered: set[str]) -> set[str]:
@@ -594,8 +591,7 @@ def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Calla
         identity = collected.identities[name]
         known[name] = is_live(identity, k8s_names, config)
         if known[name]:  # a live host's Node is never written: its value is not kept
-            collected.nodes[name] = replace(node, value=None)
-            collected.identities[name] = replace(identity, node=collected.nodes[name])
+            collected.nodes[name] = StoredItem(node.key, node.revision, None)
 
     def live(name: str) -> bool:
         found = known.get(name)
