@@ -219,6 +219,22 @@ def test_an_endpoint_ip_is_numbered_as_the_pure_core_numbers_it(text: str) -> No
     assert ip_number(text) == address_number(text)
 
 
+def test_values_that_are_not_utf8_are_malformed_not_a_crash() -> None:
+    """Read as text (build_inventory, etcd v2), bytes that are not UTF-8 become surrogates, which
+    no msgspec decoder takes: an endpoint, a handle and a Node so read are problems or kept, as
+    any value of another shape."""
+    bad = "\udcff"
+    items = [
+        StoredItem(f"{WORKLOAD_ENDPOINTS}ns/pod-eth0", 1, '{"spec":{"node":"n' + bad + '"}}'),
+        StoredItem("/calico/ipam/v2/handle/h1", 1, '{"block":{"10.0.0.0/26":1},"x":"' + bad + '"}'),
+        StoredItem("/calico/resources/v3/projectcalico.org/nodes/n1", 1, '{"spec":"' + bad + '"}'),
+    ]
+    inventory = build_inventory(iter(items), lambda: 1)
+    kinds = {(p.key.rsplit("/", 1)[1], p.kind) for p in inventory.problems}
+    assert {("pod-eth0", "malformed_value"), ("n1", "malformed_value")} <= kinds
+    assert "h1" in inventory.handles
+
+
 def test_a_block_value_that_is_not_utf8_is_malformed_not_a_crash() -> None:
     seed = CalicoSeed()
     seed.block("100.96.9.0/26", "gone")

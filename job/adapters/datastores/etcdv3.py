@@ -199,7 +199,7 @@ def endpoint_spec(value: str | bytes) -> tuple[str, list[str]] | None:
     for a value of another shape, which the caller parses whole to say what is wrong with it."""
     try:
         spec = _ENDPOINT.decode(value).spec
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeEncodeError):  # UnicodeEncodeError: text with surrogates (_text)
         return None
     return (spec.node, spec.ipNetworks) if spec.node else None
 
@@ -359,21 +359,26 @@ def collect_handle(collected: Collected, key: str, revision: int, value: str | N
 
 
 def _collect_handles(collected: Collected, entries: Iterable[tuple[str, int, str | None]]) -> None:
-    """Handles, a page at a time: the one nearly every handle is, a live pod's that counts what
-    its block holds as Calico writes it, is passed over without a call (105,000 at 5,000 hosts)."""
-    if collected.live is None:
+    """Handles, a page at a time (105,000 at 5,000 hosts), kept only when a plan may write them:
+    a handle that counts other than what the blocks hold (stale, or holding nothing), or counts
+    an allocation that no live host owns, or is the tunnel handle of a host that is not live.
+    Every block has been read by now (the handles follow the blocks in one scan, IPAM_GROUPS)."""
+    live = collected.live
+    if live is None:
         for key, revision, value in entries:
             collected.handles[key[len(HANDLES) :]] = IpamHandle(StoredItem(key, revision, value), key[len(HANDLES) :])
         return
     scan = scanning(collected)
-    exact, wanted, skipped = scan.held.exact, scan.wanted, 0
+    held, wanted, named = scan.held, scan.wanted, 0
     for key, revision, value in entries:
         handle_id = key[len(HANDLES) :]
-        if exact(handle_id, value) and handle_id not in wanted and not handle_id.startswith(TUNNEL_HANDLE_PREFIXES):
-            skipped += 1  # what _may_write says of it, without the call
-        elif _may_write(collected, handle_id, value):
-            collected.handles[handle_id] = IpamHandle(StoredItem(key, revision, value), handle_id)
-    collected.named_read += skipped  # each is one an allocation names (exact)
+        named += handle_id in held
+        if held.exact(handle_id, value) or _counts_what_is_held(held, handle_id, value):
+            node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
+            if handle_id not in wanted and (node is None or live(node)):
+                continue  # a live pod's, as nearly every handle is: no plan writes it
+        collected.handles[handle_id] = IpamHandle(StoredItem(key, revision, value), handle_id)
+    collected.named_read += named
 
 
 def collect_endpoint(collected: Collected, key: str, revision: int, value: str | bytes) -> None:
@@ -465,20 +470,6 @@ def scanning(collected: Collected) -> BlockScan:
     return collected.scan
 
 
-def _may_write(collected: Collected, handle_id: str, value: str | None) -> bool:
-    """Whether a plan may write this handle, so that the read keeps it: it counts other than
-    what the blocks hold (stale, or holding nothing), or counts an allocation that no live host
-    owns, or is the tunnel handle of a host that is not live. Every block has been read by now
-    (the handles follow the blocks in one scan, IPAM_GROUPS)."""
-    assert collected.live is not None
-    held = scanning(collected).held
-    collected.named_read += handle_id in held
-    if not held.exact(handle_id, value) and not _counts_what_is_held(held, handle_id, value):
-        return True
-    node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
-    return handle_id in scanning(collected).wanted or (node is not None and not collected.live(node))
-
-
 class _HandleValue(msgspec.Struct, frozen=True):
     block: dict[str, int] = {}
     deleted: bool = False
@@ -495,7 +486,7 @@ def _counts_what_is_held(held: Held, handle_id: str, value: str | None) -> bool:
         return False
     try:
         handle = _HANDLE_VALUE.decode(value)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeEncodeError):  # UnicodeEncodeError: bytes that are not UTF-8 (_text)
         return False  # another shape: kept, for the planner to say what is wrong with it
     return not handle.deleted and held.holds_exactly(handle_id, handle.block)
 
