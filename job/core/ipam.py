@@ -7,6 +7,7 @@ change are touched, every other field (known or not) is written back as it was r
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import re
@@ -524,6 +525,7 @@ def _delete_emptied(item: StoredItem, emptied: JsonObject) -> Write:
     return Write(item.key, item.revision, None, item.value, final=dump(emptied))
 
 
+@functools.lru_cache(maxsize=4096)  # a plan asks again for each handle of a block's
 def normal_cidr(text: str) -> str | None:
     network = parse_cidr(text, strict=False)
     return None if network is None else network.text

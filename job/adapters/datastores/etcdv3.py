@@ -787,6 +787,7 @@ class EtcdV3Datastore:
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
             inventory = assemble(collected, revision)
+            gc.freeze()  # what the read keeps lives to the end of the run: no later pass walks it
         finally:
             gc.enable()
         return inventory if collected.live is None else self._completed(inventory, collected)
