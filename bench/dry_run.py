@@ -1,13 +1,14 @@
 """`make bench`: a dry run over a 5,000-host datastore (`make bench-scale`: 15,000), against
 `etcdctl` and plain paged reads of the same prefixes.
 
-Prints, each as a median with its spread: the job's wall time (`python -m job` as a process, as
-in a pod; under `make bench` with the image's dependency set, BENCH_JOB_PYTHON), `etcdctl` reading the same prefixes (goal: the dry run at most 1.5x), the CPU the test
-etcd spent serving each (read from /proc; goal: at most 2x etcdctl's), one plain paged gRPC read
-with the job's client, the same over etcd's JSON gateway (what the job spoke before gRPC, and
-what etcd spends serving it), the job's peak RSS (goal: 150 MB at 5,000 hosts, 200 MB at 15,000)
-and what 10,000 more workload endpoints on live hosts add to it (goal: at most 5 MB). With
-`--job-tree`, the same dry run of another checkout of the job beside it. Only loopback traffic.
+Prints, each as a median with its spread: the job's wall time (`python -m job` as a process, as in
+a pod; under `make bench` with the image's dependency set, BENCH_JOB_PYTHON), `etcdctl` reading
+the same prefixes (goal: the dry run at most 1.5x), the CPU the test etcd spent serving each (read
+from /proc; goal: at most 2x etcdctl's), one plain paged gRPC read with the job's client, the same
+over etcd's JSON gateway (what the job spoke before gRPC, and what etcd spends serving it), the
+job's peak RSS (goal: 150 MB at 5,000 hosts, 200 MB at 15,000) and what 10,000 more workload
+endpoints on live hosts add to it (goal: at most 5 MB). With `--job-tree`, the same dry run of
+another checkout of the job beside it. Only loopback traffic.
 """
 
 from __future__ import annotations

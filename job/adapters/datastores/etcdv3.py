@@ -372,8 +372,9 @@ def _collect_handles(collected: Collected, entries: Iterable[tuple[str, int, str
     held, wanted, named = scan.held, scan.wanted, 0
     for key, revision, value in entries:
         handle_id = key[len(HANDLES) :]
-        named += handle_id in held
-        if held.exact(handle_id, value) or _counts_what_is_held(held, handle_id, value):
+        exact = held.exact(handle_id, value)
+        named += exact or handle_id in held  # exact: one an allocation names
+        if exact or _counts_what_is_held(held, handle_id, value):
             node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
             if handle_id not in wanted and (node is None or live(node)):
                 continue  # a live pod's, as nearly every handle is: no plan writes it
