@@ -465,3 +465,22 @@ def test_a_node_address_is_read_as_ipaddress_reads_it(text: str) -> None:
     except ValueError:
         expected = None
     assert bare_ip(text) == expected
+
+
+def test_endpoint_ips_clear_their_ordinals_before_and_after_every_block_is_read() -> None:
+    """Endpoint IPs that come before the last block wait as numbers (IPv4 and IPv6 alike) and are
+    looked up once the blocks are in; later ones at once; text that is no address is passed over."""
+    live = frozenset({"a"})
+    four = block_with({1: ("h1", "a"), 2: ("h2", "a"), 3: ("h3", "a")})
+    for attribute in four["attributes"]:
+        attribute["secondary"].update(namespace="ns", pod=attribute["handle_id"])
+    six = {**four, "cidr": "fd00::/125"}
+    scan = BlockScan(live)
+    scan.held_by_endpoints(["10.1.0.1", "fd00::2", "not an ip", "10.9.9.9"])  # before the blocks
+    scan.add(four["cidr"], four)
+    scan.add(six["cidr"], six)
+    assert scan.unheld == {"10.1.0.0/29": 0b1110, "fd00::/125": 0b1110}
+    scan.blocks_read()
+    assert scan.unheld == {"10.1.0.0/29": 0b1100, "fd00::/125": 0b1010}
+    scan.held_by_endpoints(["10.1.0.3", "fd00::1"])  # after
+    assert scan.unheld == {"10.1.0.0/29": 0b0100, "fd00::/125": 0b1000}
