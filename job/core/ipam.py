@@ -733,6 +733,8 @@ class Held:
     def exact(self, handle_id: str, value: str | None) -> bool:
         """Whether a handle's text is exactly what Calico writes for what one block holds for it:
         nearly every handle. Compared as text, only the handles that differ are parsed."""
+        if value is None or not value.startswith('{"block":{"'):
+            return False  # another writer's text (spacing, field order): no text to build for it
         found = self._by_hash.get(hash(handle_id))
         if isinstance(found, str):
             cidr, count = found, 1
