@@ -63,12 +63,13 @@ class BlockScan:
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
     def add(self, cidr: str, data: Mapping[str, Any], handles: Container[str] | None = None) -> BlockSummary:
-        """One block's JSON (of a shape block_shape_problem accepts), in one pass over its allocations:
-        a read adds every block, and at 5,000 hosts three passes took a third of the read's filing.
-        `dangling` is filled only when `handles` is given; a read that scans blocks before it reads
-        the handles calls find_dangling once it has. Gives what the index needs of the block
-        (summarize_block's summary), and whether it holds an allocation of a host `owner_live`
-        does not call live (those allocations' handles go into `wanted`)."""
+        """One block's JSON (of a shape block_shape_problem accepts), in one pass over its
+        allocations: a read adds every block, and three passes over each (the scan, the summary,
+        the handles to keep) were a third of a 5,000-host read's filing. Gives what the index
+        needs of the block (summarize_block's summary) and whether a host that is not live
+        (`owner_live`) is its affine host or owns an allocation in it; those allocations' handles
+        go into `wanted`. `dangling` is filled only when `handles` is given; a read that scans
+        blocks before it reads the handles calls find_dangling once it has."""
         assert self._networks is None, "a block added after blocks_read"
         host = affinity_host(data)
         live, live_nodes, calico2, held, wanted = self.owner_live, self.live_nodes, self.calico2, self.held, self.wanted
