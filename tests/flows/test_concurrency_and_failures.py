@@ -8,15 +8,18 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from tenacity import RetryCallState
 
 from job.adapters.datastores.etcdv3 import EtcdV3Datastore
 from job.adapters.kube import Kube, api_client
 from job.adapters.state import ConfigMapStateStore
-from job.config import EtcdEndpoint
+from job.config import Config, EtcdEndpoint
 from job.core.ipam import block_shape_problem
+from job.flows.run import Dependencies
 from tests.conftest import Harness, hosts_by_name, no_sleep_retry
 from tests.support import calico
 from tests.support import scenario as s
@@ -207,10 +210,23 @@ def test_etcd_stopped_mid_run_then_back_is_retried(outage: Harness) -> None:
     harness.seed(s.kops_cluster())
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", harness.etcd.stop)
 
+    made: list[Dependencies] = []
+    dependencies = harness.dependencies
+
+    def capturing(config: Config, **kwargs: Any) -> Dependencies:
+        made.append(dependencies(config, **kwargs))
+        return made[-1]
+
     def restart_on_second_retry(state: RetryCallState) -> None:
         if state.attempt_number == 2 and harness.etcd.process is None:
             harness.etcd.start()
+            # The retries here do not sleep, as the real policy does: wait instead for the job's
+            # channel to dial again (its reconnect backoff, at most 1 s), or the next attempts all
+            # find it still backing off and the test depends on the machine's timing.
+            etcd = made[0].datastore._etcd
+            grpc.channel_ready_future(etcd._channels[0]).result(timeout=30)
 
+    harness.dependencies = capturing
     harness.retry = no_sleep_retry(attempts=5, before_sleep=(restart_on_second_retry,))
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and report["summary"]["deleted"] == 2
