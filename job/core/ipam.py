@@ -13,12 +13,12 @@ import json
 import re
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
-from job.core.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Step, StoredItem, Write
+from job.core.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Owners, Step, StoredItem, Write
 
 WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
 TUNNEL_HANDLE_PREFIXES = (
@@ -58,16 +58,13 @@ def parse_cidr(text: str, strict: bool = True) -> Cidr | None:
     """`text` as a network, None when it is not one (or, `strict`, has host bits set). IPv4 is
     parsed by hand: a read parses every block's CIDR, and an ipaddress network costs 5 us."""
     address, slash, length = text.partition("/")
-    if slash and length.isascii() and length.isdigit() and int(length) <= 32 and _IPV4.fullmatch(address):
-        prefix = int(length)
-        a, b, c, d = map(int, address.split("."))
-        number = a << 24 | b << 16 | c << 8 | d
+    parsed = address_number(address) if slash and length.isascii() and length.isdigit() else None
+    if parsed is not None and parsed[0] == 4 and int(length) <= 32:
+        prefix, number = int(length), parsed[1]
         base = number >> (32 - prefix) << (32 - prefix)
         if base == number:
             return Cidr(f"{address}/{prefix}", 4, base, prefix)
-        if strict:
-            return None
-        return Cidr(f"{base >> 24}.{base >> 16 & 255}.{base >> 8 & 255}.{base & 255}/{prefix}", 4, base, prefix)
+        return None if strict else Cidr(f"{_ipv4_text(base)}/{prefix}", 4, base, prefix)
     try:
         network = ipaddress.ip_network(text, strict=strict)
     except ValueError:
@@ -107,48 +104,6 @@ def block_shape_problem(data: object, cidr: str | None = None) -> str | None:
     if "sequenceNumber" in data and type(data["sequenceNumber"]) is not int:
         return f"block sequenceNumber is {data['sequenceNumber']!r}, not a whole number"
     return None
-
-
-class Owners(Mapping[int, str | None]):
-    """Each allocated ordinal of a block and the node it is allocated to, in ordinal order.
-
-    Nearly every ordinal is the affine host's, so those are one bitmask, and only the others a
-    dict: a read holds one of these per block (15,000 blocks of 20 pods: 8 MB as plain dicts).
-    """
-
-    __slots__ = ("_bits", "_host", "_others")
-
-    def __init__(self, host: str | None, bits: int, others: dict[int, str | None] | None) -> None:
-        self._host, self._bits, self._others = host, bits, others
-
-    def __getitem__(self, ordinal: int) -> str | None:
-        if self._others and ordinal in self._others:
-            return self._others[ordinal]
-        if ordinal >= 0 and self._bits >> ordinal & 1:
-            return self._host
-        raise KeyError(ordinal)
-
-    def __iter__(self) -> Iterator[int]:
-        ordinals = [o for o in range(self._bits.bit_length()) if self._bits >> o & 1]
-        return iter(sorted([*ordinals, *self._others]) if self._others else ordinals)
-
-    def __len__(self) -> int:
-        return self._bits.bit_count() + len(self._others or ())
-
-    def nodes(self) -> set[str]:
-        """The nodes allocated to, none left out (set(self.values()) without None, and without a
-        lookup per ordinal: a run indexes every block)."""
-        found = {self._host} if self._bits and self._host is not None else set()
-        found.update(node for node in (self._others or {}).values() if node is not None)
-        return found
-
-    def __repr__(self) -> str:
-        return f"Owners({dict(self)!r})"
-
-
-def owner_nodes(owners: Mapping[int, str | None]) -> set[str]:
-    """The nodes a block's allocations are of (Owners.nodes, for any mapping of them)."""
-    return owners.nodes() if isinstance(owners, Owners) else {node for node in owners.values() if node}
 
 
 def summarize_block(data: Mapping[str, Any]) -> tuple[str | None, Owners]:
@@ -345,6 +300,11 @@ def lowered_handle(handle: Mapping[str, Any], held: Mapping[str, int | None]) ->
     return {**handle, "block": per_block}
 
 
+def _ipv4_text(number: int) -> str:
+    """An IPv4 address as text, from its number, without an ipaddress object."""
+    return f"{number >> 24}.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}"
+
+
 def address_number(ip: str) -> tuple[int, int] | None:
     """An address as text as (IP version, number); None when it is not one. IPv4 is parsed by hand:
     a run looks up every endpoint IP, and an `ipaddress` object for each costs more than the rest."""
@@ -455,7 +415,7 @@ class IpamIndex:
         """The lists of `owned` and `affine` that `block` is in, as (table, name)."""
         if block is None:
             return []
-        entries = [(self.owned, owner) for owner in owner_nodes(block.owners)]
+        entries = [(self.owned, owner) for owner in block.owners.nodes()]
         return entries + ([(self.affine, block.affine_host)] if block.affine_host is not None else [])
 
     def _add(self, block: IpamBlock) -> None:
@@ -463,7 +423,7 @@ class IpamIndex:
         self.networks.add(block.cidr)
         if block.affine_host is not None:
             self.affine[block.affine_host].append(block.cidr)
-        for owner in owner_nodes(block.owners):
+        for owner in block.owners.nodes():
             self.owned[owner].append(block.cidr)
 
     def owned_by(self, node: str) -> dict[str, set[int]]:
@@ -673,7 +633,7 @@ def address_in(cidr: str) -> Callable[[int], str]:
     network = _network(cidr)
     base = network.base
     if network.version == 4:
-        return lambda ordinal: f"{(n := base + ordinal) >> 24}.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+        return lambda ordinal: _ipv4_text(base + ordinal)
     return lambda ordinal: str(ipaddress.IPv6Address(base + ordinal))
 
 

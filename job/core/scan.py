@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 from job.core.ipam import (
     Held,
     Networks,
-    Owners,
     address_in,
     address_number,
     affinity_host,
@@ -21,7 +20,7 @@ from job.core.ipam import (
     tunnel_handle_node,
 )
 from job.core.leaks import Allocation, pod_attribution
-from job.core.model import IpamBlock
+from job.core.model import IpamBlock, Owners
 
 
 class BlockSummary(NamedTuple):
@@ -113,12 +112,8 @@ class BlockScan:
             held.add(handle, cidr)
             if handles is not None and handle not in handles:
                 self.dangling.append({"ip": address_in(cidr)(ordinal), "handle": handle})
-            if node:  # leaks.pod_attribution, inlined for the allocations that name a node
-                if node in live_nodes:
-                    space, pod = secondary.get("namespace"), secondary.get("pod")
-                    if space and pod and isinstance(space, str) and isinstance(pod, str):
-                        bits |= 1 << ordinal
-            elif calico2 and pod_attribution(attribute, handle, live_nodes, calico2):
+            # What pod_attribution needs first (a live node, or Calico 2.x's none), tested before the call.
+            if (node in live_nodes if node else calico2) and pod_attribution(attribute, handle, live_nodes, calico2):
                 bits |= 1 << ordinal
         if hosts:
             per_node[host or ""] += hosts

@@ -29,7 +29,6 @@ from job.core.ipam import (
     Held,
     block_shape_problem,
     normal_cidr,
-    owner_nodes,
     parse_cidr,
     parse_handle,
     summarize_block,
@@ -554,7 +553,7 @@ def unregistered_names(collected: Collected, registered: set[str]) -> set[str]:
     endpoints, per-node config, status) but that have no Calico Node."""
     named = set(collected.endpoints) | set(collected.owned) | set(collected.affinities)
     named |= {b.affine_host for b in collected.blocks if b.affine_host}
-    named = named.union(*(owner_nodes(b.owners) for b in collected.blocks))
+    named = named.union(*(b.owners.nodes() for b in collected.blocks))
     named |= {node for node in map(tunnel_handle_node, collected.handles) if node}
     return named - registered
 

@@ -31,7 +31,7 @@ import msgspec
 from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_number
 from job.adapters.kube import Kube, KubeError, typed_page
 from job.core.inventory import Inventory
-from job.core.ipam import block_shape_problem, owner_nodes, summarize_block, tunnel_handle_node
+from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
 from job.core.model import (
     CREATE,
     BlockAffinity,
@@ -216,9 +216,9 @@ class KddDatastore:
         if kube_names is not None:
             names = kube_names()
             live = names.__contains__
-            scan, wanted = self._scan(blocks, names)
+            scan = self._scan(blocks, names)
             seen: set[int] = set()
-            handles = self._handles(problems, partial(self._may_write, scan, wanted, seen))
+            handles = self._handles(problems, partial(self._may_write, scan, seen))
             missing = scan.held.hashes() - seen  # allocations whose handle was not listed
             if missing:
                 needed = scan.held.cidrs(missing)
@@ -226,7 +226,7 @@ class KddDatastore:
         else:
             handles = self._handles(problems, lambda _id, _spec: True)
         named = set(owned) | set(affinities) | {b.affine_host for b in blocks if b.affine_host}
-        named = named.union(*(owner_nodes(b.owners) for b in blocks))
+        named = named.union(*(b.owners.nodes() for b in blocks))
         hosts = tuple(
             CalicoHost(
                 name,
@@ -281,14 +281,14 @@ class KddDatastore:
         return blocks, malformed
 
     @staticmethod
-    def _scan(blocks: Iterable[IpamBlock], names: Set[str]) -> tuple[BlockScan, set[str]]:
-        """The IPAM check's pass over every block, and the handles of allocations no live node owns
-        (a plan may write those)."""
+    def _scan(blocks: Iterable[IpamBlock], names: Set[str]) -> BlockScan:
+        """The IPAM check's pass over every block; its `wanted` are the handles of allocations no
+        live node owns (a plan may write those)."""
         scan = BlockScan(names, owner_live=names.__contains__, parse_ip=ip_number)
         for block in blocks:
             scan.add(block.cidr, json.loads(block.item.value or ""))
         scan.blocks_read()
-        return scan, scan.wanted
+        return scan
 
     def _handles(self, problems: list[DataProblem], keep: Callable[[str, _HandleSpec], bool]) -> dict[str, IpamHandle]:
         handles: dict[str, IpamHandle] = {}
@@ -310,7 +310,7 @@ class KddDatastore:
         return handles
 
     @staticmethod
-    def _may_write(scan: BlockScan, wanted: Set[str], seen: set[int], handle_id: str, spec: _HandleSpec) -> bool:
+    def _may_write(scan: BlockScan, seen: set[int], handle_id: str, spec: _HandleSpec) -> bool:
         """Whether a plan may write this handle, so that a lean read keeps it: it counts other than
         what the blocks hold (stale, holding nothing, a tombstone), counts an allocation no live
         node owns, or is the tunnel handle of a node that is not live."""
@@ -319,7 +319,7 @@ class KddDatastore:
         if spec.deleted or not scan.held.holds_exactly(handle_id, spec.block):
             return True
         node = tunnel_handle_node(handle_id)
-        return handle_id in wanted or (node is not None and node not in scan.live_nodes)
+        return handle_id in scan.wanted or (node is not None and node not in scan.live_nodes)
 
     def _cluster(self, problems: list[DataProblem]) -> ClusterInfo:
         def spec_of_default(obj: _Object) -> Any:
