@@ -7,6 +7,7 @@ flow against real servers without patching anything.
 from __future__ import annotations
 
 import contextvars
+import gc
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -362,6 +363,9 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     names = partial(_node_names, kube_read)
     inventory = _read(deps, "the Calico datastore", deps.datastore.read, names)
     timings["datastore_read"] = time.perf_counter() - started
+    # What the read keeps lives to the end of the run: frozen out of the cyclic collector's passes,
+    # which the plan and the report made walk it again and again (0.07 s at 5,000 hosts).
+    gc.freeze()
     kube_nodes, health_inputs, timings["kubernetes_read"] = _await(
         deps, "the Kubernetes Nodes and calico-node pods", kube_read
     )

@@ -403,7 +403,7 @@ def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int,
         if typed is None:
             continue
         node, networks = typed
-        # Kept as text: only the IPs of orphans are ever looked up, and locate() validates those.
+        # Kept as text: the block scan numbers them (ip_number), and a plan validates an orphan's.
         ips = [n.split("/", 1)[0] for n in networks]
         node = sys.intern(node)
         if live is not None:
@@ -789,7 +789,6 @@ class EtcdV3Datastore:
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
             inventory = assemble(collected, revision)
-            gc.freeze()  # what the read keeps lives to the end of the run: no later pass walks it
         finally:
             gc.enable()
         return inventory if collected.live is None else self._completed(inventory, collected)
