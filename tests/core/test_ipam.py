@@ -12,6 +12,7 @@ from etcd3.etcdrpc.kv_pb2 import KeyValue
 from job.adapters.datastores.base import ip_number
 from job.adapters.datastores.etcdv3 import (
     BLOCKS,
+    HANDLES,
     WORKLOAD_ENDPOINTS,
     Collected,
     assemble,
@@ -19,6 +20,7 @@ from job.adapters.datastores.etcdv3 import (
     build_inventory,
     collect_page,
     endpoint_spec,
+    scanning,
 )
 from job.core.ipam import (
     Held,
@@ -235,6 +237,16 @@ def test_values_that_are_not_utf8_are_malformed_not_a_crash() -> None:
     assert "h1" in inventory.handles
 
 
+def test_a_handle_that_is_not_utf8_is_kept_for_the_planner_not_a_crash() -> None:
+    """In a lean read a handle whose text is not Calico's is decoded to judge what it counts; one
+    with bytes that are not UTF-8 is kept (the planner says what is wrong with it)."""
+    collected = Collected(live=lambda _: True)
+    scanning(collected).held.add("h1", "10.0.0.0/26")
+    raw = b'{"block": {"10.0.0.0/26": 1}, "note": "\xff"}'
+    collect_page(collected, HANDLES, [KeyValue(key=(HANDLES + "h1").encode(), mod_revision=1, value=raw)])
+    assert "h1" in collected.handles and collected.named_read == 1
+
+
 def test_a_block_value_that_is_not_utf8_is_malformed_not_a_crash() -> None:
     seed = CalicoSeed()
     seed.block("100.96.9.0/26", "gone")
@@ -421,7 +433,7 @@ def test_allocate_is_the_inverse_of_release_and_adds_no_field_calico_2_lacks() -
 
 
 def test_block_owners_read_as_the_plain_mapping_they_replace() -> None:
-    """ipam.Owners keeps the affine host's ordinals as bits: it must read as {ordinal: node}, in
+    """model.Owners keeps the affine host's ordinals as bits: it must read as {ordinal: node}, in
     ordinal order, with the others (another node, or none) where they are."""
     seed = CalicoSeed()
     seed.block("100.96.9.0/26", "mine")
