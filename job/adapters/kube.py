@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,8 +104,36 @@ class _Node(msgspec.Struct, frozen=True):
     status: _NodeStatus = _NodeStatus()
 
 
+class UnreadableItem(ValueError):
+    """A list that is a Kubernetes list, one of whose items holds a field the job reads in a shape
+    it cannot read: the message names the object and the field."""
+
+
+_ITEM_AT = re.compile(r"`\$\.items\[(\d+)\]([^`]*)`")
+
+
+def _located(raw: bytes, said: str) -> ValueError:
+    """msgspec's complaint (`... - at $.items[3].spec.nodeName`), told of the object it is in."""
+    found = _ITEM_AT.search(said)
+    try:
+        page = json.loads(raw) if found else None
+    except ValueError:
+        page = None
+    items = page.get("items") if isinstance(page, dict) else None
+    if found is None or not isinstance(items, list) or int(found[1]) >= len(items):
+        return ValueError(said)
+    item = items[int(found[1])]
+    metadata = (item.get("metadata") if isinstance(item, dict) else None) or {}
+    named = "/".join(str(metadata[k]) for k in ("namespace", "name") if isinstance(metadata, dict) and metadata.get(k))
+    kind = item.get("kind") if isinstance(item, dict) and item.get("kind") else "item"
+    reason = said.split(" - at ", 1)[0]
+    return UnreadableItem(f"{kind} {named or '#' + found[1]}: {found[2].lstrip('.') or 'the object'}: {reason}")
+
+
 def typed_page(item: type[msgspec.Struct]) -> Page:
-    """A page decoder for a list of `item`s: its items, decoded as `item`, and its continue token."""
+    """A page decoder for a list of `item`s: its items, decoded as `item`, and its continue token.
+    Fields `item` does not name are skipped whatever they hold; one it names in another shape is an
+    UnreadableItem naming the object and the field."""
     listed = msgspec.defstruct(
         f"{item.__name__}List",
         [("metadata", ListMeta, ListMeta()), ("items", list[item] | None, None)],  # type: ignore[valid-type]
@@ -115,7 +144,7 @@ def typed_page(item: type[msgspec.Struct]) -> Page:
         try:
             page: Any = decoder.decode(raw)
         except msgspec.DecodeError as error:
-            raise ValueError(str(error)) from None
+            raise _located(raw, str(error)) from None
         return page.items or (), page.metadata.continue_ or None
 
     return decode
@@ -327,6 +356,12 @@ class Kube:
                     raw = self.request_bytes("GET", path, query_now)
                     try:
                         listed, token = page(raw)
+                    except UnreadableItem as error:
+                        raise KubeError(
+                            f"GET {path}: {one_line(str(error), 200)}; calico-gc reads that field and cannot read "
+                            "this value",
+                            kind="bad_answer",
+                        ) from None
                     except ValueError as error:
                         raise KubeError(
                             f"GET {path}: {self.host} answered with something that is not a Kubernetes list "

@@ -54,16 +54,16 @@ def network_unavailable(kubeapi: KubeApiServer, name: str, since: str, taint: bo
         node.setdefault("spec", {})["taints"] = [
             {"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule", "timeAdded": since}
         ]
-    else:
-        node["status"]["conditions"] = [
-            {
-                "type": "NetworkUnavailable",
-                "status": "True",
-                "reason": "NoRouteCreated",
-                "message": "Node created without a route",
-                "lastTransitionTime": since,
-            }
-        ]
+    else:  # as the node's controllers set it: the one condition changes, the kubelet's stay
+        stuck = {
+            "type": "NetworkUnavailable",
+            "status": "True",
+            "reason": "NoRouteCreated",
+            "message": "Node created without a route",
+            "lastTransitionTime": since,
+        }
+        others = [c for c in node["status"].get("conditions") or [] if c["type"] != "NetworkUnavailable"]
+        node["status"]["conditions"] = [stuck, *others]
 
 
 def webhook(

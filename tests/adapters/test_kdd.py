@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from tests.conftest import Harness, hosts_by_name
+from tests.support import objects
 from tests.support.calico import CalicoSeed
 from tests.support.kubeapi import KubeApiServer
 
@@ -52,10 +53,7 @@ def seed_kdd(kubeapi: KubeApiServer) -> None:
     for node, namespace, pod, ip in pods:
         ipam.allocate(ip, f"k8s-pod-network.{pod}", node, pod=pod, namespace=namespace)
         if node != GONE and pod != "ghost":
-            kubeapi.put(
-                f"/api/v1/namespaces/{namespace}/pods",
-                {"metadata": {"name": pod, "namespace": namespace}, "spec": {"nodeName": node}},
-            )
+            kubeapi.add_pod(namespace, pod, node, ip)
     ipam.allocate("100.96.9.1", f"ipip-tunnel-addr-{GONE}", GONE, kind="ipipTunnelAddress")
     for cidr, block in ipam.blocks.items():
         kubeapi.put(f"{CRD}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
@@ -81,6 +79,8 @@ def seed_kdd(kubeapi: KubeApiServer) -> None:
     kubeapi.put(
         f"{CRD}/hostendpoints", {"metadata": {"name": f"{GONE}-eth0"}, "spec": {"node": GONE, "interfaceName": "eth0"}}
     )
+    for name, node in ((f"{GONE}-status", GONE), (f"{LIVE_A}-status", LIVE_A)):  # statuses as calico-node fills them
+        kubeapi.put(f"{CRD}/caliconodestatuses", objects.calico_node_status(name, node, ("10.0.3.11",)))
     kubeapi.put(
         f"{CRD}/clusterinformations",
         {"metadata": {"name": "default"}, "spec": {"clusterGUID": "kdd-guid", "datastoreReady": True}},
@@ -171,11 +171,12 @@ def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness) -> 
         f"bgpconfigurations/node.{GONE}",
         "bgppeers/tor-gone",
         f"hostendpoints/{GONE}-eth0",
+        f"caliconodestatuses/{GONE}-status",
     }
     changed = {k for k in after if after[k]["metadata"]["resourceVersion"] != before[k]["metadata"]["resourceVersion"]}
     assert changed == {"ipamblocks/100-96-8-0-26", "ipamblocks/100-96-1-0-26"}
     lending = after["ipamblocks/100-96-8-0-26"]["spec"]
-    assert lending["affinity"] is None and [a["secondary"]["pod"] for a in lending["attributes"]] == ["api-1"]
+    assert "affinity" not in lending and [a["secondary"]["pod"] for a in lending["attributes"]] == ["api-1"]
     assert lending["deleted"] is False
     borrowed = after["ipamblocks/100-96-1-0-26"]["spec"]
     assert borrowed["allocations"][40] is None and borrowed["affinity"] == f"host:{LIVE_A}"
@@ -325,10 +326,7 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness,
             "spec": {"handleID": "k8s-pod-network.starting", "block": {"100.96.1.0/26": 1}, "deleted": False},
         },
     )
-    harness.kubeapi.put(
-        "/api/v1/namespaces/default/pods",
-        {"metadata": {"name": "starting", "namespace": "default"}, "spec": {"nodeName": LIVE_A}, "status": {}},
-    )
+    harness.kubeapi.add_pod("default", "starting", LIVE_A)  # Pending: no IP yet
     harness.kubeapi.put(  # counts nothing and no block holds anything for it
         f"{CRD}/ipamhandles",
         {"metadata": {"name": "k8s-pod-network.empty"}, "spec": {"handleID": "k8s-pod-network.empty", "block": {}}},

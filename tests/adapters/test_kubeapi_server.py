@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import requests
 
+from tests.support import crds, objects
 from tests.support.kubeapi import KubeApiServer
 
 
@@ -31,6 +33,12 @@ def test_created_objects_get_what_the_real_server_assigns(kubeapi: KubeApiServer
     assert entry["fieldsV1"]["f:metadata"]["f:labels"]["f:app"] == {}
     same = call(kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web", {**created, "status": {"phase": "Running"}})
     assert same.json()["metadata"]["generation"] == 1, "only a spec change raises the generation"
+    assert "status" not in same.json(), "a pod's status is written through /status only"
+    status = call(
+        kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web/status", {**same.json(), "status": {"phase": "Running"}}
+    )
+    assert status.json()["status"] == {"phase": "Running"} and status.json()["spec"] == created["spec"]
+    same = status
     changed = {**same.json(), "spec": {**created["spec"], "nodeName": "n2"}}
     again = call(kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web", changed).json()["metadata"]
     assert again["generation"] == 2 and again["uid"] == metadata["uid"]
@@ -64,3 +72,148 @@ def test_lists_validate_their_options_and_select_pods_by_field(kubeapi: KubeApiS
     assert names == ["a", "c"]
     off_node = call(kubeapi, "GET", "/api/v1/pods", fieldSelector="spec.nodeName!=n1").json()["items"]
     assert off_node == []
+
+
+# With Calico's CRDs (../shared/calico-crds): writes are admitted as the real server admits them.
+needs_crds = pytest.mark.skipif(not crds.available(), reason="Calico's CRDs are not beside the checkout (../shared)")
+CRD = "/apis/crd.projectcalico.org/v1"
+
+
+def block(name: str = "10-0-0-0-26", **spec: Any) -> dict[str, Any]:
+    body = {
+        "cidr": "10.0.0.0/26",
+        "allocations": [None] * 64,
+        "unallocated": list(range(64)),
+        "attributes": [],
+        "strictAffinity": False,
+        **spec,
+    }
+    return {"apiVersion": "crd.projectcalico.org/v1", "kind": "IPAMBlock", "metadata": {"name": name}, "spec": body}
+
+
+@needs_crds
+@pytest.mark.parametrize(
+    ("path", "body", "field", "said"),
+    [
+        (
+            f"{CRD}/ipamblocks",
+            block(deleted="true"),  # v1 wants a boolean here (a BlockAffinity's `deleted` is the string)
+            "spec.deleted",
+            'Invalid value: "string": spec.deleted in body must be of type boolean: "string"',
+        ),
+        (f"{CRD}/ipamblocks", block(strictAffinity=None), "spec.strictAffinity", "Required value"),
+        (
+            f"{CRD}/ipamblocks",
+            block(affinityClaimTime="yesterday"),
+            "spec.affinityClaimTime",
+            'Invalid value: "yesterday": spec.affinityClaimTime in body must be of type date-time: "yesterday"',
+        ),
+        (
+            f"{CRD}/ipamblocks",
+            block(unallocated=[1, "2"]),
+            "spec.unallocated[1]",
+            'Invalid value: "string": spec.unallocated[1] in body must be of type integer: "string"',
+        ),
+        (
+            f"{CRD}/ipamconfigs",
+            {
+                "metadata": {"name": "default"},
+                "spec": {"autoAllocateBlocks": True, "strictAffinity": False, "ipCooldownSeconds": 1201},
+            },
+            "spec.ipCooldownSeconds",
+            "Invalid value: 1201: spec.ipCooldownSeconds in body should be less than or equal to 1200",
+        ),
+        (
+            f"{CRD}/ipamconfigs",
+            {
+                "metadata": {"name": "default"},
+                "spec": {"autoAllocateBlocks": True, "strictAffinity": False, "kubeVirtVMAddressPersistence": "On"},
+            },
+            "spec.kubeVirtVMAddressPersistence",
+            'Unsupported value: "On": supported values: "Enabled", "Disabled"',
+        ),
+        (
+            f"{CRD}/felixconfigurations",
+            {"metadata": {"name": "node.a"}, "spec": {"logSeverityScreen": "Loud"}},
+            "spec.logSeverityScreen",
+            'Invalid value: "Loud": spec.logSeverityScreen in body should match '
+            "'^(?i)(Trace|Debug|Info|Warning|Error|Fatal)?$'",
+        ),
+        (
+            f"{CRD}/blockaffinities",
+            {
+                "metadata": {"name": "Node_A-10-0-0-0-26"},
+                "spec": {"cidr": "10.0.0.0/26", "node": "a", "state": "confirmed", "deleted": "false"},
+            },
+            "metadata.name",
+            'Invalid value: "Node_A-10-0-0-0-26": a lowercase RFC 1123 subdomain must consist of lower case '
+            "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+        ),
+    ],
+    ids=["type", "required", "format", "item-type", "maximum", "enum", "pattern", "name"],
+)
+def test_a_calico_write_the_real_server_refuses_is_a_422_in_its_shape(
+    kubeapi: KubeApiServer, path: str, body: dict[str, Any], field: str, said: str
+) -> None:
+    if body["spec"].get("strictAffinity", False) is None:
+        del body["spec"]["strictAffinity"]
+    answer = call(kubeapi, "POST", path, body)
+    assert answer.status_code == 422, answer.text
+    status = answer.json()
+    kind = {
+        "ipamblocks": "IPAMBlock",
+        "ipamconfigs": "IPAMConfig",
+        "felixconfigurations": "FelixConfiguration",
+        "blockaffinities": "BlockAffinity",
+    }[path.rsplit("/", 1)[1]]
+    name = body["metadata"]["name"]
+    assert (status["kind"], status["status"], status["reason"], status["code"]) == ("Status", "Failure", "Invalid", 422)
+    assert status["message"] == f'{kind}.crd.projectcalico.org "{name}" is invalid: {field}: {said}'
+    assert status["details"]["causes"] == [
+        {"reason": status["details"]["causes"][0]["reason"], "message": said, "field": field}
+    ]
+    assert (status["details"]["kind"], status["details"]["group"]) == (kind, "crd.projectcalico.org")
+    assert call(kubeapi, "GET", f"{path}/{name}").status_code == 404, "nothing stored"
+    with pytest.raises(AssertionError, match="the real API server would refuse this seed"):
+        kubeapi.put(path, body)
+
+
+@needs_crds
+def test_unknown_fields_are_pruned_nulls_dropped_and_defaults_applied(kubeapi: KubeApiServer) -> None:
+    sent = block(affinity=None, deleted=False, color="blue")
+    sent["status"] = {"anything": 1}  # IPAMBlock (v1) has no status in its schema
+    stored = call(kubeapi, "POST", f"{CRD}/ipamblocks", sent).json()
+    spec = stored["spec"]
+    assert "color" not in spec and "affinity" not in spec and "status" not in stored
+    assert spec["sequenceNumber"] == 0, "the schema's default"
+    assert spec["allocations"] == [None] * 64, "items are nullable there: kept"
+    assert kubeapi.get(f"{CRD}/ipamblocks", "10-0-0-0-26") == stored
+
+
+@needs_crds
+def test_the_status_subresource_is_honoured_where_the_crd_declares_it(kubeapi: KubeApiServer) -> None:
+    written = objects.calico_node_status("n1-status", "n1", ("10.0.0.2",))
+    created = call(kubeapi, "POST", f"{CRD}/caliconodestatuses", written).json()
+    assert "status" not in created, "a create sets no status: calico-node writes it through /status"
+    filled = call(
+        kubeapi, "PUT", f"{CRD}/caliconodestatuses/n1-status/status", {**created, "status": written["status"]}
+    )
+    assert filled.status_code == 200 and filled.json()["status"] == written["status"]
+    moved = {**filled.json(), "spec": {**created["spec"], "updatePeriodSeconds": 30}, "status": {"bgp": None}}
+    updated = call(kubeapi, "PUT", f"{CRD}/caliconodestatuses/n1-status", moved).json()
+    assert updated["spec"]["updatePeriodSeconds"] == 30 and updated["status"] == written["status"]
+    assert updated["metadata"]["generation"] == 2
+    only_status = {**updated, "spec": {"node": "elsewhere"}, "status": {"lastUpdated": None}}
+    last = call(kubeapi, "PUT", f"{CRD}/caliconodestatuses/n1-status/status", only_status).json()
+    assert last["spec"] == updated["spec"] and last["status"] == {"lastUpdated": None}, "nullable: kept"
+    stale = call(kubeapi, "PUT", f"{CRD}/caliconodestatuses/n1-status/status", only_status)
+    assert stale.status_code == 409
+    kubeapi.put(f"{CRD}/ipamblocks", block())
+    assert call(kubeapi, "GET", f"{CRD}/ipamblocks/10-0-0-0-26/status").status_code == 404, "no status subresource"
+
+
+@needs_crds
+def test_a_group_the_crds_define_serves_only_their_resources(kubeapi: KubeApiServer) -> None:
+    assert call(kubeapi, "GET", f"{CRD}/ipamblocks").status_code == 200
+    missing = call(kubeapi, "GET", f"{CRD}/ipamthings")
+    assert missing.status_code == 404 and missing.json()["reason"] == "NotFound"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import copy
 import json
 import re
 import socket
@@ -28,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support import crds, objects
 
 REASONS = {
     400: "BadRequest",
@@ -56,11 +59,14 @@ POD_FIELDS = {
 }
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
+# Built-in kinds with a status subresource (their status is written through `/status` only).
+STATUS_OWNED = frozenset({"pods", "nodes", "namespaces", "services", "deployments", "daemonsets", "jobs", "cronjobs"})
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
     r"|/apis/[^/]+/[^/]+(?:/namespaces/(?P<ns2>[^/]+))?/(?P<plural2>[a-z]+))"
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$"
 )
+_GROUP_VERSION = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/")
 
 
 @dataclass
@@ -128,6 +134,9 @@ class KubeApiServer:
     logs: dict[tuple[str, str], str] = field(default_factory=dict)  # previous container logs by (ns, pod)
     # API groups not installed here (no CRDs): answered 404 as the real server does.
     uninstalled_groups: set[str] = field(default_factory=set)
+    # The CRDs installed (Calico's own, where ../shared has them): a group they define serves only
+    # their resources, and every write of one is admitted as the real server admits it (crds.py).
+    crds: tuple[crds.Crd, ...] = field(default_factory=lambda: crds.calico(crds.V1_FILE))
     # Crash tests: asked at every write to Calico's CRDs, it answers "kill_before" (call `kill`,
     # drop the connection unanswered), "kill_after" (write, then the same), "conflict" (another
     # writer bumps the object's resourceVersion first) or None.
@@ -178,8 +187,19 @@ class KubeApiServer:
 
     # Seeding and inspection
 
-    def put(self, collection: str, obj: dict[str, Any], manager: str = "calico-gc-tests") -> dict[str, Any]:
-        """Store a created or replaced object with the metadata the real server assigns."""
+    def put(
+        self, collection: str, obj: dict[str, Any], manager: str = "calico-gc-tests", admitted: bool = False
+    ) -> dict[str, Any]:
+        """Store a created or replaced object with the metadata the real server assigns. A custom
+        resource is admitted first, as through the API (a seed the real server would refuse fails)."""
+        crd = self._crd_of(collection)
+        if crd is not None and not admitted:
+            try:
+                stored = crds.admit(crd, obj)
+            except crds.Invalid as error:
+                raise AssertionError(f"the real API server would refuse this seed: {error.message}") from None
+            obj.clear()
+            obj.update(stored)
         with self._lock:
             metadata = obj.setdefault("metadata", {})
             current = self.objects.get(collection, {}).get(metadata.get("name"))
@@ -205,46 +225,19 @@ class KubeApiServer:
             return self.objects.get(collection, {}).get(name)
 
     def add_node(self, name: str, internal_ip: str | None = None) -> None:
-        addresses = [{"type": "InternalIP", "address": internal_ip}] if internal_ip else []
-        self.put(
-            "/api/v1/nodes",
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name},
-                "status": {"addresses": [*addresses, {"type": "Hostname", "address": name}]},
-            },
-        )
+        """A Ready Node as a real cluster holds it (objects.node)."""
+        self.put("/api/v1/nodes", objects.node(name, internal_ip))
+
+    def add_pod(self, namespace: str, name: str, node: str | None, *ips: str) -> None:
+        """A pod as the kubelet reports it (objects.pod): Running with `ips`, Pending without."""
+        self.put(f"/api/v1/namespaces/{namespace}/pods", objects.pod(namespace, name, node, ips))
 
     def add_calico_node_pod(
         self, node: str, *, ready: bool = True, restarts: int = 0, waiting: str | None = None, log: str | None = None
     ) -> str:
         """A calico-node DaemonSet pod on `node` (kube-system); `log` is its previous container's log."""
         name = f"calico-node-{node.split('.')[0]}"
-        container: dict[str, Any] = {
-            "name": "calico-node",
-            "ready": ready,
-            "restartCount": restarts,
-            "state": {"waiting": {"reason": waiting}} if waiting else {"running": {}},
-        }
-        if restarts:
-            container["lastState"] = {
-                "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-11-30T11:58:02Z"}
-            }
-        self.put(
-            "/api/v1/namespaces/kube-system/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "kube-system", "labels": {"k8s-app": "calico-node"}},
-                "spec": {"nodeName": node},
-                "status": {
-                    "phase": "Running",
-                    "conditions": [{"type": "Ready", "status": str(ready)}],
-                    "containerStatuses": [container],
-                },
-            },
-        )
+        self.put("/api/v1/namespaces/kube-system/pods", objects.calico_node_pod(name, node, ready, restarts, waiting))
         if log is not None:
             self.logs[("kube-system", name)] = log
         return name
@@ -266,6 +259,22 @@ class KubeApiServer:
     def count(self, method: str, path: str) -> int:
         pattern = re.compile(path)
         return sum(1 for m, p in self.requests if m == method and pattern.search(p))
+
+    def _crd_of(self, collection: str) -> crds.Crd | None:
+        """The CRD serving a collection (`/apis/<group>/<version>[/namespaces/<ns>]/<plural>`)."""
+        found = _GROUP_VERSION.match(collection + "/")
+        if found is None:
+            return None
+        plural = collection.rsplit("/", 1)[-1]
+        return next(
+            (c for c in self.crds if (c.group, c.version, c.plural) == (found["group"], found["version"], plural)),
+            None,
+        )
+
+    def _defined_by_crds(self, path: str) -> bool:
+        """Whether a group/version is one the installed CRDs serve: then it has nothing else."""
+        found = _GROUP_VERSION.match(path + "/")
+        return found is not None and any((c.group, c.version) == (found["group"], found["version"]) for c in self.crds)
 
     # Serving
 
@@ -322,14 +331,27 @@ class KubeApiServer:
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
             collection, name = route.group("collection"), route.group("name")
             plural = route.group("plural") or route.group("plural2")
+            crd, sub = self._crd_of(collection), route.group("sub")
+            defined = self._defined_by_crds(parts.path)
+            if (
+                (defined and crd is None)
+                or (crd is not None and sub is not None and not (sub == "status" and crd.status_subresource))
+                or (crd is None and sub not in (None, "log") and not (sub == "status" and plural in STATUS_OWNED))
+            ):
+                return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
             query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-            if route.group("sub") == "log" and method == "GET":
+            if sub == "log" and method == "GET":
                 return self._log(route.group("ns") or "", name or "", query)
             try:
                 payload = json.loads(body) if body else {}
             except ValueError:
                 return 400, status_body(400, "request body is not JSON")
-            return self._serve(method, collection, plural, name, query, payload)
+            if not isinstance(payload, dict):
+                return 400, status_body(400, "the body of the request is not a JSON object")
+            try:
+                return self._serve(method, collection, plural, name, query, payload, crd, sub == "status")
+            except crds.Invalid as error:
+                return 422, status_body(422, error.message, error.details())
 
     def _serve(
         self,
@@ -339,7 +361,11 @@ class KubeApiServer:
         name: str | None,
         query: dict[str, str],
         payload: dict[str, Any],
+        crd: crds.Crd | None = None,
+        status: bool = False,
     ) -> tuple[int, Any]:
+        """One request. With a status subresource (a CRD that declares it; core kinds always), a
+        write of the object keeps its status and a write of `/status` changes only the status."""
         items = self.objects.setdefault(collection, {})
         kind = KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
@@ -365,7 +391,9 @@ class KubeApiServer:
                 return 500, status_body(500, "resourceVersion should not be set on objects to be created")
             for server_field in SERVER_FIELDS:  # the server assigns these on create, whatever was sent
                 metadata.pop(server_field, None)
-            return 201, self.put(collection, payload, self._manager)
+            if crd is not None and crd.status_subresource:
+                payload.pop("status", None)  # a custom resource's create sets no status where /status owns it
+            return 201, self._write(collection, payload, crd)
         if name is None:
             return 405, status_body(405, "method not allowed")
         current = items.get(name)
@@ -383,10 +411,18 @@ class KubeApiServer:
                     "and try again",
                     details,
                 )
+            if status:  # only the status moves; everything else stays as stored
+                payload = {**copy.deepcopy(current), "status": payload.get("status")}
+                if payload["status"] is None:
+                    del payload["status"]
+            elif crd.status_subresource if crd is not None else plural in STATUS_OWNED:
+                payload.pop("status", None)
+                if "status" in current:
+                    payload["status"] = copy.deepcopy(current["status"])
             payload["metadata"]["uid"] = current["metadata"]["uid"]
             for server_field in ("creationTimestamp", "generation", "managedFields"):
                 payload["metadata"].pop(server_field, None)
-            return 200, self.put(collection, payload, self._manager)
+            return 200, self._write(collection, payload, crd)
         if method == "DELETE":
             preconditions = payload.get("preconditions") or {}
             for field in ("uid", "resourceVersion"):
@@ -403,6 +439,10 @@ class KubeApiServer:
             self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
             return 200, current
         return 405, status_body(405, "method not allowed")
+
+    def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
+        """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
+        return self.put(collection, crds.admit(crd, obj) if crd else obj, self._manager, admitted=True)
 
     def _access_review(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """As the real server: the review comes back with `status.allowed`; nothing is stored."""

@@ -86,12 +86,19 @@ class _Meta(msgspec.Struct, omit_defaults=True):
     generateName: str | None = None
 
 
+_NULL = msgspec.Raw(b"null")
+
+
 class _Object(msgspec.Struct):
+    """A Calico object as listed. `spec` and `status` stay raw, so whatever JSON a real server
+    holds there (Calico's schema lets a status hold anything its writer sets) decodes: a field
+    kept raw is typed `msgspec.Raw` alone, which takes any JSON value (`Raw | None` takes only null)."""
+
     apiVersion: str = ""
     kind: str = ""
     metadata: _Meta = msgspec.field(default_factory=_Meta)
-    spec: msgspec.Raw = msgspec.Raw(b"null")
-    status: msgspec.Raw | None = None
+    spec: msgspec.Raw = _NULL
+    status: msgspec.Raw = _NULL
 
 
 class _HandleSpec(msgspec.Struct):
@@ -114,8 +121,9 @@ def _whole(obj: _Object) -> dict[str, Any]:
     """An object as the job keeps it: everything but `managedFields`."""
     whole: dict[str, Any] = {"apiVersion": obj.apiVersion, "kind": obj.kind, "metadata": _meta(obj.metadata)}
     whole["spec"] = msgspec.json.decode(obj.spec)
-    if obj.status is not None:
-        whole["status"] = msgspec.json.decode(obj.status)
+    status = msgspec.json.decode(obj.status)
+    if status is not None:
+        whole["status"] = status
     return whole
 
 
