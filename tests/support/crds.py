@@ -480,7 +480,7 @@ def _fill(schema: dict[str, Any], value: Any, path: str, keep_absent: frozenset[
             for key in [k for k in value if k not in properties]:
                 value[key] = _fill(extra, value[key], _join(path, key), keep_absent)
     elif isinstance(value, list) and isinstance(items, dict):
-        if not value:
+        if not value and path + "[]" not in keep_absent:
             value = [None]
         nullable = bool(items.get("nullable")) and len(value) > 1
         value = [item if item is None and nullable else _fill(items, item, path + "[]", keep_absent) for item in value]
@@ -518,6 +518,8 @@ _CANDIDATES = (
 def example(schema: dict[str, Any], path: str = "") -> Any:
     """A value the schema admits, as plain as may be: its default, its first enum value, an empty
     or zero value, or a string its pattern or format takes."""
+    for branch in schema.get("allOf") or ():  # the value must satisfy each: their enums, patterns, types
+        schema = {**branch, **schema, "allOf": ()}
     if "default" in schema:
         return copy.deepcopy(schema["default"])
     if schema.get("enum"):
@@ -544,7 +546,7 @@ def example(schema: dict[str, Any], path: str = "") -> Any:
         if schema.get("format") in formats:
             return formats[schema["format"]]
         for candidate in _CANDIDATES:
-            if not _string_causes(schema, candidate, path, path) and len(candidate) >= schema.get("minLength", 0):
+            if not _validate(schema, candidate, path):
                 return candidate
         raise ValueError(f"no example string for {path}: {schema.get('pattern')!r}")
     return None

@@ -192,7 +192,7 @@ class KubeApiServer:
     ) -> dict[str, Any]:
         """Store a created or replaced object with the metadata the real server assigns. A custom
         resource is admitted first, as through the API (a seed the real server would refuse fails)."""
-        crd = self._crd_of(collection)
+        crd = self.crd_of(collection)
         if crd is not None and not admitted:
             try:
                 stored = crds.admit(crd, obj)
@@ -260,7 +260,7 @@ class KubeApiServer:
         pattern = re.compile(path)
         return sum(1 for m, p in self.requests if m == method and pattern.search(p))
 
-    def _crd_of(self, collection: str) -> crds.Crd | None:
+    def crd_of(self, collection: str) -> crds.Crd | None:
         """The CRD serving a collection (`/apis/<group>/<version>[/namespaces/<ns>]/<plural>`)."""
         found = _GROUP_VERSION.match(collection + "/")
         if found is None:
@@ -331,7 +331,7 @@ class KubeApiServer:
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
             collection, name = route.group("collection"), route.group("name")
             plural = route.group("plural") or route.group("plural2")
-            crd, sub = self._crd_of(collection), route.group("sub")
+            crd, sub = self.crd_of(collection), route.group("sub")
             defined = self._defined_by_crds(parts.path)
             if (
                 (defined and crd is None)

@@ -4,6 +4,7 @@ each; the rest is here so that a read is tested against everything a real server
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -242,3 +243,73 @@ def calico_node_status(name: str, node_name: str, peer_ips: tuple[str, ...] = ()
             },
         },
     }
+
+
+def with_every_field(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Node or Pod with the fields of k8s.io/api's types the builders above leave out, each as a
+    real cluster may hold it (a fixture of this project's: no schema of the built-in kinds is at
+    hand). None of them is one the job reads."""
+    whole = json.loads(json.dumps(obj))
+    metadata = whole["metadata"]
+    metadata.update(
+        finalizers=metadata.get("finalizers") or [],
+        deletionGracePeriodSeconds=None,
+        selfLink="",
+        annotations={**(metadata.get("annotations") or {}), "example.com/json": '{"a": [1, 2]}'},
+    )
+    spec, status = whole.setdefault("spec", {}), whole.setdefault("status", {})
+    if whole.get("kind") == "Node":
+        spec.update(
+            podCIDRs=["100.96.0.0/24", "fd00:96::/64"],
+            unschedulable=False,
+            taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+            configSource=None,
+        )
+        status.update(
+            phase="",
+            volumesAttached=[{"name": "kubernetes.io/csi/ebs.csi.aws.com^vol-0abc", "devicePath": ""}],
+            volumesInUse=["kubernetes.io/csi/ebs.csi.aws.com^vol-0abc"],
+            config={"active": {"configMap": None}, "assigned": None, "error": ""},
+            runtimeHandlers=[{"name": "runc", "features": {"recursiveReadOnlyMounts": True, "userNamespaces": True}}],
+            features={"supplementalGroupsPolicy": True},
+            declaredFeatures=["InPlacePodVerticalScaling"],
+        )
+        return whole
+    spec.update(
+        initContainers=[{"name": "init", "image": "busybox:1.37", "restartPolicy": "Always"}],
+        ephemeralContainers=[],
+        volumes=[{"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}],
+        affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        securityContext={"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        overhead={"cpu": "10m"},
+        readinessGates=[{"conditionType": "example.com/ready"}],
+        resourceClaims=[],
+        schedulingGates=[],
+        os={"name": "linux"},
+        priority=0,
+        preemptionPolicy="PreemptLowerPriority",
+        enableServiceLinks=True,
+        hostUsers=True,
+        resources={"limits": {"cpu": "1"}},
+    )
+    status.update(
+        initContainerStatuses=[
+            {
+                "name": "init",
+                "ready": True,
+                "restartCount": 0,
+                "image": "busybox:1.37",
+                "imageID": "",
+                "state": {"running": {"startedAt": SINCE}},
+            }
+        ],
+        ephemeralContainerStatuses=[],
+        nominatedNodeName="",
+        message="",
+        reason="",
+        resize="",
+        resourceClaimStatuses=[],
+        observedGeneration=1,
+        extendedResourceClaimStatus=None,
+    )
+    return whole
