@@ -223,3 +223,52 @@ def test_the_leader_killed_in_the_middle_of_an_apply(harness: Harness, cluster: 
     left = calico.dump(survivor.url)
     assert not [k for k in left if s.POD_ORPHAN in k or s.CONFLICT_ORPHAN in k]
     assert calico.ipam_problems({k: v for k, (v, _) in left.items()}) == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "content", "said"),
+    [
+        ("etcd_key_file", b"not a key\n", "ETCD_KEY_FILE {path} is not a private key in PEM form"),
+        ("etcd_key_file", "client_cert", "ETCD_KEY_FILE {path} is not a private key in PEM form"),
+        ("etcd_key_file", "server_key", "ETCD_KEY_FILE {path} does not go with ETCD_CERT_FILE"),
+        (
+            "etcd_key_file",
+            b"-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n",
+            "ETCD_KEY_FILE {path} does not go with ETCD_CERT_FILE",
+        ),
+        ("etcd_key_file", b"-----BEGIN ENCRYPTED PRIVATE KEY-----\n", "ETCD_KEY_FILE {path} is an encrypted key"),
+        ("etcd_cert_file", "client_key", "ETCD_CERT_FILE {path} is not a client certificate in PEM form"),
+        ("etcd_ca_cert_file", b"", "ETCD_CA_CERT_FILE {path} is not a CA certificate in PEM form"),
+    ],
+    ids=[
+        "garbage-key",
+        "a-certificate-as-key",
+        "another-key",
+        "a-key-that-is-not-one",
+        "encrypted",
+        "a-key-as-cert",
+        "empty-ca",
+    ],
+)
+@pytest.mark.parametrize("datastore_type", ["etcdv3", "etcdv2"])
+def test_a_tls_file_that_is_not_what_its_setting_says_is_named(
+    harness: Harness,
+    tls_etcd: EtcdServer,
+    tls: TlsFiles,
+    tmp_path: Path,
+    setting: str,
+    content: bytes | str,
+    said: str,
+    datastore_type: str,
+) -> None:
+    """Not an unreachable etcd: one line naming the file and its setting, exit 2, no attempt."""
+    files = {"etcd_ca_cert_file": tls.ca, "etcd_cert_file": tls.client_cert, "etcd_key_file": tls.client_key}
+    path = tmp_path / "given.pem"
+    path.write_bytes(getattr(tls, content).read_bytes() if isinstance(content, str) else content)
+    files[setting] = path
+    config = harness.config(
+        etcd_endpoints=endpoint("https", tls_etcd.client_port), datastore_type=datastore_type, **files
+    )
+    error, code, attempts = failed(harness, config)
+    assert code == 2 and error["kind"] == "tls" and attempts == []
+    assert error["message"].startswith(said.format(path=path)) and "\n" not in error["message"]

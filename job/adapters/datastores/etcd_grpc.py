@@ -25,7 +25,7 @@ import grpc
 from etcd3.etcdrpc import rpc_pb2, rpc_pb2_grpc
 
 from job.adapters.datastores.base import DatastoreError
-from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient
+from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient, check_tls_files
 from job.adapters.retry import RetryPolicy, one_line
 from job.config import Config
 
@@ -132,6 +132,7 @@ def _credentials(config: Config) -> grpc.ChannelCredentials:
         except OSError as error:
             raise DatastoreError(f"cannot read {path}: {error.strerror}; {TLS_HINT}", "tls") from None
 
+    check_tls_files(config)
     with_key = config.etcd_cert_file is not None and config.etcd_key_file is not None
     return grpc.ssl_channel_credentials(
         root_certificates=read(config.etcd_ca_cert_file),

@@ -13,7 +13,7 @@ from typing import Any
 
 import requests
 
-from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient
+from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient, check_tls_files
 from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
 
@@ -47,6 +47,7 @@ class EtcdHttp:
 
     def __init__(self, config: Config, retry: RetryPolicy) -> None:
         self._endpoints = Endpoints(config, retry)
+        self._config = config
         self._timeout = config.etcd_timeout.total_seconds()
         self._verify: str | bool = str(config.etcd_ca_cert_file) if config.etcd_ca_cert_file else True
         self._cert = (
@@ -65,6 +66,8 @@ class EtcdHttp:
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
+            if any(url.startswith("https:") for url in self._endpoints.urls):
+                check_tls_files(self._config)
             session = requests.Session()
             session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace the etcd CA
             session.verify = self._verify
