@@ -282,7 +282,12 @@ def recommendations(health: Mapping[str, Any]) -> list[str]:
     advice = []
     for item in health["calico_node"]:
         cause, node = item.get("cause"), item["node"]
-        if cause == "ip_conflict_orphan":
+        if cause == "ip_conflict_orphan" and item.get("holder_deleted"):
+            advice.append(
+                f"{node}: calico-node failed because orphaned Calico host {item['holder']} held "
+                f"{item['ip']}; this run deleted it: calico-node starts at its next restart"
+            )
+        elif cause == "ip_conflict_orphan":
             advice.append(
                 f"{node}: calico-node fails because orphaned Calico host {item['holder']} holds "
                 f"{item['ip']}; calico-gc deletes it with --apply (conflict grace applies)"
@@ -369,6 +374,21 @@ def diagnose(
     }
     health["recommendations"] = recommendations(health)
     return health
+
+
+def after_writes(health: dict[str, Any] | None, deleted: set[str]) -> dict[str, Any] | None:
+    """The diagnosis once the run's writes are done: a conflict whose orphan this run deleted
+    says so, and its advice is what is true now (the rest was read before the writes)."""
+    if health is None or not deleted:
+        return health
+    findings = [
+        {**item, "holder_deleted": True}
+        if item.get("cause") == "ip_conflict_orphan" and item.get("holder") in deleted
+        else item
+        for item in health["calico_node"]
+    ]
+    updated = {**health, "calico_node": findings}
+    return {**updated, "recommendations": recommendations(updated)}
 
 
 def at_or_above(status: str, level: str) -> bool:

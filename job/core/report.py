@@ -209,12 +209,14 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"held back by {guard['name']}: {guard['message']}")
     for error in report["errors"]:
         lines.append(f"error ({error['kind']}): {error['message']}")
+    # An apply that wrote: what was read before the writes is labelled so (the table says what changed).
+    before = " (as read before this run's writes)" if _wrote(report) else ""
     audit = report.get("audit")
     if audit:
-        lines += ["", ipam_line(audit)]
+        lines += ["", ipam_line(audit).replace("ipam:", f"ipam{before}:", 1)]
     health = report.get("health")
     if health:
-        lines += ["", f"network health: {health['status']}"]
+        lines += ["", f"network health{before}: {health['status']}"]
         lines += [f"  - {advice}" for advice in health["recommendations"]]
     if report.get("kept_as"):
         undo = f"`calico-gc restore {report['run_id']}` undoes this run"
@@ -222,6 +224,14 @@ def render_text(report: dict[str, Any]) -> str:
     if report["mode"] == "dry-run" and report["summary"]["would_delete"]:
         lines += ["", "dry run: nothing was written; --apply (CALICO_GC_APPLY=true) deletes what is listed above"]
     return "\n".join(lines) + "\n"
+
+
+def _wrote(report: dict[str, Any]) -> bool:
+    """Whether the run wrote to the datastore: a host deleted, a handle repaired, a leaked IP released."""
+    audit = report.get("audit") or {}
+    repaired = (audit.get("stale_handles") or {}).get("repaired") or 0
+    released = (audit.get("leaked_ips") or {}).get("released") or 0
+    return report["mode"] == "apply" and bool(report["summary"].get("deleted") or repaired or released)
 
 
 def ipam_line(audit: dict[str, Any]) -> str:

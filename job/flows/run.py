@@ -28,7 +28,7 @@ from job.adapters.metrics import push
 from job.adapters.state import Loaded, StateError, StateStore
 from job.config import Config, effective
 from job.core.audit import ipam_audit, with_outcomes
-from job.core.health import HealthInputs, at_or_above, diagnose, log_conflicts
+from job.core.health import HealthInputs, after_writes, at_or_above, diagnose, log_conflicts
 from job.core.ipam import stale_handles
 from job.core.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
 from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, PodInfo
@@ -463,6 +463,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         for failure in failures:
             record.error("unavailable", f"leaked pod IPs not released: {failure}")
     record.audit = with_outcomes(record.audit, repairs, leak_actions)
+    record.health = after_writes(record.health, {d.host.name for d in record.decisions if d.action is Action.DELETED})
     done = _settled_sightings(sightings, record.decisions, repairs, leak_actions)
     if done:
         # What is gone or put right leaves the state: a name that comes back and is orphaned again

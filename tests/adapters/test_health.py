@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from job.cli import main
 from job.core.health import selector_matches
+from job.core.report import render_text
 from tests.conftest import Harness, hosts_by_name
 from tests.support import scenario as s
 from tests.support.kubeapi import KubeApiServer
@@ -151,6 +152,28 @@ def test_crash_loop_from_an_orphans_ip_is_linked_to_the_orphan(harness: Harness,
     assert finding["last_termination"]["exit_code"] == 1
     assert health["status"] == "critical"
     assert any(s.CONFLICT_ORPHAN in r and "--apply" in r for r in health["recommendations"])
+
+
+def test_after_an_apply_the_readable_summary_says_what_is_true_now(harness: Harness) -> None:
+    """The orphan holding a crash-looping node's IP is deleted by the run: its advice says so, and
+    the IPAM and health figures, read before the writes, are labelled so."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    log = V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13")
+    crash_looping(harness.kubeapi, s.NEW_NODE, log, restarts=7)
+    dry, _ = harness.run()
+    assert "(as read before" not in render_text(dry)
+    report, code = harness.run(harness.config(apply=True, conflict_grace_period=timedelta(0)))
+    assert code == 0 and hosts_by_name(report)[s.CONFLICT_ORPHAN]["action"] == "deleted"
+    (finding,) = report["health"]["calico_node"]
+    assert finding["holder_deleted"] is True
+    (advice,) = [r for r in report["health"]["recommendations"] if s.CONFLICT_ORPHAN in r]
+    assert "this run deleted it" in advice and "--apply" not in advice
+    text = render_text(report)
+    assert "ipam (as read before this run's writes):" in text
+    assert "network health (as read before this run's writes): critical" in text
+    assert "deletes it with --apply" not in text
 
 
 @pytest.mark.parametrize("wording", [V3_CONFLICT, V2_CONFLICT])
