@@ -179,7 +179,8 @@ def main() -> int:
             print(result.stderr[-2000:], file=sys.stderr)
             return result.returncode
         state = kubeapi.get("/api/v1/namespaces/kube-system/configmaps", "calico-gc-state")
-        print(f"\ngrace state ConfigMap kube-system/calico-gc-state: {state['data']['state.json'] if state else None}")
+        shown = json.dumps(json.loads(state["data"]["state.json"]), indent=2) if state else None
+        print(f"\ngrace state ConfigMap kube-system/calico-gc-state:\n{shown}")
         print("Each command printed its summary on stdout (--output json gives the JSON report); the runs also")
         print("wrote the full JSON report to --report-file (docs/report.md).")
         return 0

@@ -33,6 +33,7 @@ from job.adapters.retry import RetryPolicy
 from job.adapters.state import ConfigMapStateStore, FileStateStore, StateStore
 from job.config import MAX_KEPT_REPORTS, Config, ConfigError, load
 from job.core import report
+from job.core.model import parse_time
 from job.flows.restore import render_text as render_restore
 from job.flows.restore import restore
 from job.flows.run import Dependencies, ExitCode, keep, report_befores, run
@@ -185,11 +186,13 @@ def _reports(config: Config) -> int:
             if config.output == "json":
                 print(json.dumps(kept, indent=2))
                 return ExitCode.OK
-            print(f"{'RUN':<12}  {'STARTED':<27}  {'KIND':<7}  {'OUTCOME':<15}  SUMMARY")
+            print(f"{'RUN':<12}  {'STARTED':<20}  {'KIND':<7}  {'OUTCOME':<15}  SUMMARY")
             for entry in kept:
                 kind = "restore" if entry.get("schema", "").startswith("calico-gc/restore") else "run"
+                started = parse_time(entry.get("started-at"))  # to the second: a person reads it
+                shown = started.strftime("%Y-%m-%dT%H:%M:%SZ") if started else "?"
                 print(
-                    f"{entry['run-id']:<12}  {entry.get('started-at', '?'):<27}  {kind:<7}  "
+                    f"{entry['run-id']:<12}  {shown:<20}  {kind:<7}  "
                     f"{entry.get('outcome', '?'):<15}  {entry.get('summary', '')}"
                 )
             if not kept:

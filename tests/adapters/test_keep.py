@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,7 @@ def test_list_show_and_restore_from_the_command_line(
     listing = capsys.readouterr().out.splitlines()
     assert listing[0].split() == ["RUN", "STARTED", "KIND", "OUTCOME", "SUMMARY"]
     assert listing[1].startswith(f"{run_id}  ") and " run " in listing[1] and "deleted=2" in listing[1]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", listing[1].split()[1]), "to the second"
     assert main(["reports", "show", run_id, "--output", "json"], env) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["run_id"] == run_id and shown["summary"]["deleted"] == 2
