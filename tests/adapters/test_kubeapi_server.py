@@ -217,3 +217,19 @@ def test_a_group_the_crds_define_serves_only_their_resources(kubeapi: KubeApiSer
     assert call(kubeapi, "GET", f"{CRD}/ipamblocks").status_code == 200
     missing = call(kubeapi, "GET", f"{CRD}/ipamthings")
     assert missing.status_code == 404 and missing.json()["reason"] == "NotFound"
+
+
+@needs_crds
+def test_discovery_answers_the_groups_served_and_a_crd_groups_resources(kubeapi: KubeApiServer) -> None:
+    groups = call(kubeapi, "GET", "/apis").json()
+    assert groups["kind"] == "APIGroupList"
+    calico = next(g for g in groups["groups"] if g["name"] == "crd.projectcalico.org")
+    assert calico["preferredVersion"] == {"groupVersion": "crd.projectcalico.org/v1", "version": "v1"}
+    listed = call(kubeapi, "GET", CRD).json()
+    assert listed["kind"] == "APIResourceList" and listed["groupVersion"] == "crd.projectcalico.org/v1"
+    names = {r["name"]: r for r in listed["resources"]}
+    assert names["ipamblocks"]["kind"] == "IPAMBlock" and names["ipamblocks"]["namespaced"] is False
+    assert "caliconodestatuses/status" in names and "ipamblocks/status" not in names
+    kubeapi.uninstalled_groups.add("crd.projectcalico.org")
+    assert all(g["name"] != "crd.projectcalico.org" for g in call(kubeapi, "GET", "/apis").json()["groups"])
+    assert call(kubeapi, "GET", CRD).status_code == 404

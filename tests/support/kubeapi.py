@@ -67,6 +67,16 @@ _ROUTE = re.compile(
     r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$"
 )
 _GROUP_VERSION = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/")
+_DISCOVERY = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)$")
+# The built-in API groups the job calls (a real server serves many more); each at its version here.
+BUILTIN_GROUPS = {
+    "apps": "v1",
+    "authorization.k8s.io": "v1",
+    "admissionregistration.k8s.io": "v1",
+    "coordination.k8s.io": "v1",
+    "discovery.k8s.io": "v1",
+    "events.k8s.io": "v1",
+}
 
 
 @dataclass
@@ -325,6 +335,8 @@ class KubeApiServer:
                     return fault.status, fault.body or status_body(fault.status, f"injected {fault.status}")
             if method == "POST" and parts.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
                 return self._access_review(body)
+            if method == "GET" and (parts.path == "/apis" or _DISCOVERY.match(parts.path)):
+                return self._discovery(parts.path)
             route = _ROUTE.match(parts.path)
             group = parts.path.split("/")[2] if parts.path.startswith("/apis/") else ""
             if route is None or group in self.uninstalled_groups:
@@ -443,6 +455,45 @@ class KubeApiServer:
     def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
         """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
         return self.put(collection, crds.admit(crd, obj) if crd else obj, self._manager, admitted=True)
+
+    def _discovery(self, path: str) -> tuple[int, dict[str, Any]]:
+        """`/apis` (the groups served) and `/apis/<group>/<version>` (a CRD group's resources), as
+        the aggregated discovery's legacy form answers them."""
+        served: dict[str, list[str]] = {g: [v] for g, v in BUILTIN_GROUPS.items()}
+        for crd in self.crds:
+            served.setdefault(crd.group, [])
+            if crd.version not in served[crd.group]:
+                served[crd.group].append(crd.version)
+        served = {g: v for g, v in served.items() if g not in self.uninstalled_groups}
+        if path == "/apis":
+            groups = [
+                {
+                    "name": group,
+                    "versions": [{"groupVersion": f"{group}/{v}", "version": v} for v in versions],
+                    "preferredVersion": {"groupVersion": f"{group}/{versions[0]}", "version": versions[0]},
+                }
+                for group, versions in sorted(served.items())
+            ]
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        found = _DISCOVERY.match(path)
+        assert found is not None
+        group, version = found["group"], found["version"]
+        if version not in served.get(group, ()):
+            return 404, status_body(404, f"the server could not find the requested resource {path}")
+        verbs = ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"]
+        resources: list[dict[str, Any]] = []
+        for crd in (c for c in self.crds if (c.group, c.version) == (group, version)):
+            entry = {"name": crd.plural, "singularName": crd.kind.lower(), "namespaced": crd.namespaced}
+            resources.append({**entry, "kind": crd.kind, "verbs": verbs, "storageVersionHash": ""})
+            if crd.status_subresource:
+                status = {"name": f"{crd.plural}/status", "singularName": "", "namespaced": crd.namespaced}
+                resources.append({**status, "kind": crd.kind, "verbs": ["get", "patch", "update"]})
+        return 200, {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}",
+            "resources": resources,
+        }
 
     def _access_review(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """As the real server: the review comes back with `status.allowed`; nothing is stored."""
