@@ -252,6 +252,7 @@ def ipam_objects(index: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
                 "unallocated": [o for o, a in enumerate(allocations) if a is None],
                 "attributes": attributes,
                 "deleted": False,
+                "strictAffinity": False,  # required by Calico's CRD: a real server refuses a block without it
                 "sequenceNumber": pods + 1,
                 "sequenceNumberForAllocation": {str(o): o for o, a in enumerate(allocations) if a is not None},
             },
