@@ -78,7 +78,7 @@ def dependencies(config: Config, environ: Mapping[str, str]) -> Dependencies:
 def datastore(config: Config, retry: RetryPolicy, kube: Kube) -> Datastore:
     """The adapter for DATASTORE_TYPE; unset means etcdv3, with a check for Calico 2.x data."""
     if config.datastore_type == "kubernetes":
-        return KddDatastore(kube)
+        return KddDatastore(kube, config.calico_api_group)
     if config.datastore_type == "etcdv2":
         return EtcdV2Datastore(config, retry)
     legacy = None if config.datastore_type_given else EtcdV2Datastore(config, retry).has_calico_data

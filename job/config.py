@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
+CALICO_API_GROUPS = ("crd.projectcalico.org/v1", "projectcalico.org/v3")
 MAX_KEPT_REPORTS = 10  # job/adapters/keep.py's MAX_SLOTS: the Role grants exactly these names
 
 
@@ -251,6 +252,14 @@ OPTIONS: tuple[Option, ...] = (
         choices=DATASTORE_TYPES,
     ),
     Option(
+        "--calico-api-group",
+        "CALICO_API_GROUP",
+        "",
+        "Kubernetes datastore: the API group Calico's data is in, as Calico's own CALICO_API_GROUP; unset: "
+        "chosen as Calico chooses it (projectcalico.org/v3 where only it is served, else crd.projectcalico.org/v1).",
+        choices=CALICO_API_GROUPS,
+    ),
+    Option(
         "--etcd-endpoints",
         "ETCD_ENDPOINTS",
         "http://127.0.0.1:2379",
@@ -411,6 +420,7 @@ class Config:
     kubeconfig: Path | None = None
     datastore_type: str = "etcdv3"
     datastore_type_given: bool = False  # unset means etcdv3, but an empty v3 keyspace is then explained
+    calico_api_group: str = ""  # Kubernetes datastore; empty: chosen as Calico chooses it
     etcd_endpoints: tuple[EtcdEndpoint, ...] = (EtcdEndpoint("http", "127.0.0.1", 2379),)
     etcd_ca_cert_file: Path | None = None
     etcd_cert_file: Path | None = None
@@ -669,6 +679,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
         datastore_type=datastore_type,
         datastore_type_given=args["datastore_type"] is not None or bool(environ.get("DATASTORE_TYPE")),
+        calico_api_group=text("calico_api_group"),
         etcd_endpoints=endpoints,
         etcd_ca_cert_file=_readable("ETCD_CA_CERT_FILE", optional("etcd_ca_cert_file")),
         etcd_cert_file=_readable("ETCD_CERT_FILE", cert),

@@ -276,8 +276,8 @@ class Kube:
                 text = f"unauthorized (HTTP 401): {self.host} refused {self._credential()}"
             elif status == 403:
                 text = f"forbidden (HTTP 403) {method} {path}: {message}; grant it in the RBAC of manifests/base"
-                if "crd.projectcalico.org" in path:
-                    text += " (DATASTORE_TYPE=kubernetes needs manifests/kdd)"
+                if "projectcalico.org/" in path:
+                    text += " (DATASTORE_TYPE=kubernetes needs manifests/kdd, which grants both Calico API groups)"
             else:
                 text = f"{method} {path}: HTTP {status} {message}"
             return Conflict(text) if status == 409 else KubeError(text, status)

@@ -154,6 +154,7 @@ class DataProblem:
 class ClusterInfo:
     guid: str | None = None
     datastore_ready: bool | None = None
+    migration: str | None = None  # Kubernetes datastore: an unfinished move of Calico's data between groups
 
 
 @dataclass(frozen=True, slots=True)

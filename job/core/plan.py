@@ -149,6 +149,14 @@ def check_guards(
                 "ClusterInformation says datastoreReady: false (the Calico datastore is locked, e.g. by a migration)",
             )
         )
+    if inventory.cluster.migration is not None:
+        guards.append(
+            GuardFinding(
+                "datastore_migrating",
+                f"{inventory.cluster.migration}: Calico's data is moving between API groups, and neither is "
+                "written until the migration is Complete",
+            )
+        )
     if not kube_nodes:
         guards.append(
             GuardFinding(

@@ -253,7 +253,10 @@ def ipam_line(audit: dict[str, Any]) -> str:
 
 def summary_line(report: dict[str, Any]) -> str:
     counts = ", ".join(f"{k}={v}" for k, v in report["summary"].items() if v not in (None, 0, False))
-    line = f"{report['mode']} {report['outcome']} (exit {report['exit_code']}): {counts or 'nothing found'}"
+    group = report["datastore"].get("api_group")  # the Kubernetes datastore: which of Calico's two groups
+    line = f"{report['mode']} {report['outcome']} (exit {report['exit_code']})"
+    line += f" in {group}" if group else ""
+    line += f": {counts or 'nothing found'}"
     if report["errors"]:  # what failed, in its own words
         first = report["errors"][0]
         line += f"; {first['kind']}: {first['message']}"

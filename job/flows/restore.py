@@ -12,7 +12,8 @@ from typing import Any
 import structlog
 
 from job import __version__
-from job.adapters.datastores.base import DatastoreError
+from job.adapters.datastores.base import Datastore, DatastoreError
+from job.adapters.datastores.kdd import V1, KddDatastore
 from job.adapters.keep import KeepError
 from job.adapters.kube import KubeError
 from job.config import Config
@@ -38,14 +39,23 @@ class HostOutcome:
     error: str | None = None
 
 
-def _source_problem(source: Mapping[str, Any], datastore_type: str) -> str | None:
+def _source_problem(source: Mapping[str, Any], datastore: Datastore) -> str | None:
     if source.get("schema") != SCHEMA_VERSION:
         return f"not a calico-gc run report (schema {source.get('schema')!r}, expected {SCHEMA_VERSION})"
     if source.get("mode") != "apply":
         return f"run {source.get('run_id')} was a dry run: it removed nothing"
-    kept_type = (source.get("datastore") or {}).get("type")
-    if kept_type != datastore_type:
-        return f"run {source.get('run_id')} worked on a {kept_type} datastore, this one is {datastore_type}"
+    kept = source.get("datastore") or {}
+    if kept.get("type") != datastore.type:
+        return f"run {source.get('run_id')} worked on a {kept.get('type')} datastore, this one is {datastore.type}"
+    if isinstance(datastore, KddDatastore):
+        # Reports from before Calico's v3 CRDs name no group: they were all taken in v1.
+        taken, now = kept.get("api_group") or V1.api_version, datastore.group.api_version
+        if taken != now:
+            return (
+                f"run {source.get('run_id')} was taken in {taken}, and Calico's data is now in {now} (migrated "
+                f"since?): its objects are {taken}'s, so they are not written into {now}; restore by hand from the "
+                "report if you must"
+            )
     return None
 
 
@@ -97,7 +107,7 @@ def restore(
     try:
         source = load()
         log.info("restore_source", source=source.get("run_id"), schema=source.get("schema"))
-        problem = _source_problem(source, deps.datastore.type)
+        problem = _source_problem(source, deps.datastore)
         if problem is not None:
             raise ReportShapeError(problem)
         hosts = removed_hosts(source, only)

@@ -371,6 +371,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     )
     log.info("kubernetes_read", nodes=len(kube_nodes))
     record.k8s_node_count = len(kube_nodes)
+    described = deps.datastore.describe()  # now with what the read found out (the Calico API group)
     log.info(
         "datastore_read",
         hosts=len(inventory.hosts),
@@ -378,8 +379,10 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         handles=len(inventory.handles),
         problems=len(inventory.problems),
         revision=inventory.revision,
+        **{k: v for k, v in described.items() if k.startswith("api_group")},
     )
     record.datastore.update(
+        described,
         cluster_guid=inventory.cluster.guid,
         datastore_ready=inventory.cluster.datastore_ready,
         revision=inventory.revision,

@@ -6,15 +6,49 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
+from job.core.report import render_text
 from tests.conftest import Harness, hosts_by_name
-from tests.support import objects
+from tests.support import crds, objects
 from tests.support.calico import CalicoSeed
 from tests.support.kubeapi import KubeApiServer
 
 CRD = "/apis/crd.projectcalico.org/v1"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One of Calico's two API groups, as a test seeds it the way Calico's components write it."""
+
+    api_version: str
+    crd_file: str
+    affinity_deleted: str | bool  # a BlockAffinity's spec.deleted: "false" in v1, false in v3
+
+    @property
+    def path(self) -> str:
+        return f"/apis/{self.api_version}"
+
+
+V1 = Group("crd.projectcalico.org/v1", crds.V1_FILE, "false")
+V3 = Group("projectcalico.org/v3", crds.V3_FILE, False)
+
+
+@pytest.fixture(params=[V1, V3], ids=["v1", "v3"])
+def group(request: pytest.FixtureRequest, kubeapi: KubeApiServer) -> Group:
+    """Each test on either group: the API test server installs that group's CRDs alone (v3: Calico
+    3.32+ on native CRDs), and the job chooses the group as Calico does, by discovery."""
+    chosen: Group = request.param
+    if chosen is V3 and not crds.available():
+        pytest.skip("Calico's v3 CRDs are not beside the checkout (../shared)")
+    kubeapi.crds = crds.calico(chosen.crd_file)
+    return chosen
+
+
 LIVE_A, LIVE_B, GONE = "live-a", "live-b", "worker-gone"
 
 
@@ -22,7 +56,8 @@ def cidr_name(cidr: str) -> str:
     return cidr.replace(".", "-").replace(":", "-").replace("/", "-")
 
 
-def seed_kdd(kubeapi: KubeApiServer) -> None:
+def seed_kdd(kubeapi: KubeApiServer, group: Group = V1) -> None:
+    api = group.path
     ipam = CalicoSeed()
     for cidr, host in [
         ("100.96.1.0/26", LIVE_A),
@@ -32,13 +67,19 @@ def seed_kdd(kubeapi: KubeApiServer) -> None:
     ]:
         ipam.block(cidr, host)
         kubeapi.put(
-            f"{CRD}/blockaffinities",
+            f"{api}/blockaffinities",
             {
                 "metadata": {
                     "name": f"{host}-{cidr_name(cidr)}",
                     "labels": {"projectcalico.org/affinity-type": "host"},
                 },
-                "spec": {"cidr": cidr, "node": host, "state": "confirmed", "deleted": "false", "type": "host"},
+                "spec": {
+                    "cidr": cidr,
+                    "node": host,
+                    "state": "confirmed",
+                    "deleted": group.affinity_deleted,
+                    "type": "host",
+                },
             },
         )
     pods = [
@@ -56,38 +97,40 @@ def seed_kdd(kubeapi: KubeApiServer) -> None:
             kubeapi.add_pod(namespace, pod, node, ip)
     ipam.allocate("100.96.9.1", f"ipip-tunnel-addr-{GONE}", GONE, kind="ipipTunnelAddress")
     for cidr, block in ipam.blocks.items():
-        kubeapi.put(f"{CRD}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
+        kubeapi.put(f"{api}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
     ipam.handles["k8s-pod-network.stale"] = {"block": {"100.96.2.0/26": 1}, "deleted": False}
     for handle_id, handle in ipam.handles.items():
         kubeapi.put(
-            f"{CRD}/ipamhandles",
+            f"{api}/ipamhandles",
             {"metadata": {"name": handle_id.lower()}, "spec": {"handleID": handle_id, **copy.deepcopy(handle)}},
         )
     kubeapi.put(
-        f"{CRD}/felixconfigurations", {"metadata": {"name": f"node.{GONE}"}, "spec": {"logSeverityScreen": "Info"}}
+        f"{api}/felixconfigurations", {"metadata": {"name": f"node.{GONE}"}, "spec": {"logSeverityScreen": "Info"}}
     )
-    kubeapi.put(f"{CRD}/felixconfigurations", {"metadata": {"name": "default"}, "spec": {}})
-    kubeapi.put(f"{CRD}/bgpconfigurations", {"metadata": {"name": f"node.{GONE}"}, "spec": {"listenPort": 179}})
+    kubeapi.put(f"{api}/felixconfigurations", {"metadata": {"name": "default"}, "spec": {}})
+    kubeapi.put(f"{api}/bgpconfigurations", {"metadata": {"name": f"node.{GONE}"}, "spec": {"listenPort": 179}})
     kubeapi.put(
-        f"{CRD}/bgppeers",
+        f"{api}/bgppeers",
         {"metadata": {"name": "tor-gone"}, "spec": {"node": GONE, "peerIP": "10.0.0.1", "asNumber": 65001}},
     )
     kubeapi.put(
-        f"{CRD}/bgppeers",
+        f"{api}/bgppeers",
         {"metadata": {"name": "global"}, "spec": {"nodeSelector": "all()", "peerIP": "10.0.0.2", "asNumber": 65001}},
     )
     kubeapi.put(
-        f"{CRD}/hostendpoints", {"metadata": {"name": f"{GONE}-eth0"}, "spec": {"node": GONE, "interfaceName": "eth0"}}
+        f"{api}/hostendpoints", {"metadata": {"name": f"{GONE}-eth0"}, "spec": {"node": GONE, "interfaceName": "eth0"}}
     )
     for name, node in ((f"{GONE}-status", GONE), (f"{LIVE_A}-status", LIVE_A)):  # statuses as calico-node fills them
-        kubeapi.put(f"{CRD}/caliconodestatuses", objects.calico_node_status(name, node, ("10.0.3.11",)))
+        kubeapi.put(
+            f"{api}/caliconodestatuses", objects.calico_node_status(name, node, ("10.0.3.11",), group.api_version)
+        )
     kubeapi.put(
-        f"{CRD}/clusterinformations",
+        f"{api}/clusterinformations",
         {"metadata": {"name": "default"}, "spec": {"clusterGUID": "kdd-guid", "datastoreReady": True}},
     )
-    kubeapi.put(f"{CRD}/ippools", {"metadata": {"name": "default-ipv4-ippool"}, "spec": {"cidr": "100.96.0.0/16"}})
+    kubeapi.put(f"{api}/ippools", {"metadata": {"name": "default-ipv4-ippool"}, "spec": {"cidr": "100.96.0.0/16"}})
     kubeapi.put(
-        f"{CRD}/kubecontrollersconfigurations",
+        f"{api}/kubecontrollersconfigurations",
         {"metadata": {"name": "default"}, "spec": {"controllers": {"node": {"leakGracePeriod": "20m"}}}},
     )
     kubeapi.put(
@@ -113,11 +156,11 @@ def seed_kdd(kubeapi: KubeApiServer) -> None:
     kubeapi.add_node(LIVE_B, "10.0.3.11")
 
 
-def snapshot(kubeapi: KubeApiServer) -> dict[str, dict[str, Any]]:
+def snapshot(kubeapi: KubeApiServer, group: Group = V1) -> dict[str, dict[str, Any]]:
     return {
         f"{collection.rsplit('/', 1)[-1]}/{name}": copy.deepcopy(obj)
         for collection, objects in kubeapi.objects.items()
-        if collection.startswith(CRD)
+        if collection.startswith(group.path)
         for name, obj in objects.items()
     }
 
@@ -126,15 +169,26 @@ def kdd(harness: Harness, **overrides: Any) -> Any:
     return harness.config(datastore_type="kubernetes", **overrides)
 
 
-def test_dry_run_plans_the_gone_node_and_changes_nothing(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
-    before = snapshot(harness.kubeapi)
+def test_dry_run_plans_the_gone_node_and_changes_nothing(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
+    before = snapshot(harness.kubeapi, group)
     report, code = harness.run(kdd(harness))
-    assert code == 0 and snapshot(harness.kubeapi) == before
+    assert code == 0 and snapshot(harness.kubeapi, group) == before
     assert [(h["name"], h["action"], h["reason"]) for h in report["hosts"]] == [
         (GONE, "would_delete", "k8s_node_missing")
     ]
     assert report["datastore"]["type"] == "kubernetes" and report["datastore"]["cluster_guid"] == "kdd-guid"
+    assert (report["datastore"]["api_group"], report["datastore"]["api_group_from"]) == (group.api_version, "discovery")
+    assert render_text(report).splitlines()[0].startswith(f"dry-run ok (exit 0) in {group.api_version}: ")
+    assert {path.split("/")[2] for _, path in harness.kubeapi.requests if path.startswith("/apis/")} >= {
+        group.api_version.split("/")[0]
+    }
+    assert not any(
+        path.startswith(f"/apis/{other.api_version}/")
+        for other in (V1, V3)
+        if other != group
+        for _, path in harness.kubeapi.requests
+    ), "nothing asked of the other group"
     assert report["datastore"]["kube_controllers"] == {
         "deployment": "kube-system/calico-kube-controllers",
         "ready_replicas": 1,
@@ -143,20 +197,21 @@ def test_dry_run_plans_the_gone_node_and_changes_nothing(harness: Harness) -> No
     }
 
 
-def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
-    before = snapshot(harness.kubeapi)
+def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness, group: Group) -> None:
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    before = snapshot(harness.kubeapi, group)
     tombstones: list[list[object]] = []
 
     def record_tombstone() -> None:
-        block = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-9-0-26")
+        block = harness.kubeapi.get(f"{api}/ipamblocks", "100-96-9-0-26")
         assert block is not None
         if block["spec"].get("deleted") is True:
             tombstones.append(block["spec"]["allocations"])
 
-    harness.kubeapi.on("DELETE", f"^{CRD}/ipamblocks/100-96-9-0-26$", record_tombstone)
+    harness.kubeapi.on("DELETE", f"^{api}/ipamblocks/100-96-9-0-26$", record_tombstone)
     report, code = harness.run(kdd(harness, apply=True))
-    after = snapshot(harness.kubeapi)
+    after = snapshot(harness.kubeapi, group)
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
     removed = set(before) - set(after)
     assert removed == {
@@ -183,28 +238,28 @@ def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness) -> 
     assert {a["secondary"]["pod"] for a in borrowed["attributes"]} == {"web-a", "ghost"}, "live allocations kept"
     assert "bgppeers/global" in after and "ipamhandles/k8s-pod-network.stale" in after
     # The empty block went through Calico's tombstone: marked deleted, then deleted with preconditions.
-    puts = harness.kubeapi.count("PUT", f"^{CRD}/ipamblocks/100-96-9-0-26$")
-    deletes = harness.kubeapi.count("DELETE", f"^{CRD}/ipamblocks/100-96-9-0-26$")
+    puts = harness.kubeapi.count("PUT", f"^{api}/ipamblocks/100-96-9-0-26$")
+    deletes = harness.kubeapi.count("DELETE", f"^{api}/ipamblocks/100-96-9-0-26$")
     assert (puts, deletes) == (1, 1)
     # As Calico does, the tombstone is the emptied block: a tombstone a crash leaves behind never
     # holds allocations whose handles are already gone.
     (change,) = [c for c in hosts_by_name(report)[GONE]["changes"] if c["key"] == "ipamblocks/100-96-9-0-26"]
     assert change["op"] == "delete" and json.loads(change["before"])["allocations"][5] is not None
     assert tombstones == [[None] * 64]
-    assert harness.kubeapi.count("PUT", f"^{CRD}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
+    assert harness.kubeapi.count("PUT", f"^{api}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
 
 
-def test_grace_spans_runs_and_guards_refuse(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_grace_spans_runs_and_guards_refuse(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
     config = kdd(harness, apply=True, grace_period=timedelta(minutes=30))
     first, _ = harness.run(config)
     assert hosts_by_name(first)[GONE]["action"] == "waiting_grace"
     harness.now += timedelta(minutes=30)
     harness.kubeapi.delete_node(LIVE_A)
     harness.kubeapi.delete_node(LIVE_B)  # an empty Node list: refused, nothing deleted
-    before = snapshot(harness.kubeapi)
+    before = snapshot(harness.kubeapi, group)
     refused, code = harness.run(config)
-    assert code == 3 and snapshot(harness.kubeapi) == before
+    assert code == 3 and snapshot(harness.kubeapi, group) == before
     assert [g["name"] for g in refused["guards"]] == ["empty_k8s_node_list"]
     harness.kubeapi.add_node(LIVE_A, "10.0.3.10")
     harness.kubeapi.add_node(LIVE_B, "10.0.3.11")
@@ -212,21 +267,22 @@ def test_grace_spans_runs_and_guards_refuse(harness: Harness) -> None:
     assert code == 0 and hosts_by_name(third)[GONE]["action"] == "deleted"
 
 
-def test_nodes_without_calico_data_are_no_sign_of_a_foreign_datastore(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_nodes_without_calico_data_are_no_sign_of_a_foreign_datastore(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
     for index in range(5):  # new nodes with no pods yet have no IPAM data at all in KDD
         harness.kubeapi.add_node(f"fresh-{index}", f"10.0.3.{20 + index}")
     report, code = harness.run(kdd(harness))
     assert code == 0 and report["guards"] == [] and hosts_by_name(report)[GONE]["action"] == "would_delete"
 
 
-def test_a_409_during_a_block_update_rereads_and_decides_again(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
-    harness.kubeapi.fail("PUT", f"^{CRD}/ipamblocks/100-96-1-0-26$", 409)
+def test_a_409_during_a_block_update_rereads_and_decides_again(harness: Harness, group: Group) -> None:
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.fail("PUT", f"^{api}/ipamblocks/100-96-1-0-26$", 409)
     report, code = harness.run(kdd(harness, apply=True))
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
-    assert snapshot(harness.kubeapi)["ipamblocks/100-96-1-0-26"]["spec"]["allocations"][40] is None
-    assert harness.kubeapi.count("PUT", f"^{CRD}/ipamblocks/100-96-1-0-26$") == 2
+    assert snapshot(harness.kubeapi, group)["ipamblocks/100-96-1-0-26"]["spec"]["allocations"][40] is None
+    assert harness.kubeapi.count("PUT", f"^{api}/ipamblocks/100-96-1-0-26$") == 2
     # The handle of the borrowed IP went first, in the step the 409 cut short: the report still
     # lists it (with its value before), since it was really written.
     changes = [c["key"] for c in hosts_by_name(report)[GONE]["changes"]]
@@ -238,22 +294,23 @@ def before_keys(report: dict[str, Any]) -> list[str]:
     return [c["key"] for c in hosts_by_name(report)[GONE]["changes"] if c.get("before")]
 
 
-def test_a_stale_precondition_is_a_conflict_not_a_blind_delete(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_a_stale_precondition_is_a_conflict_not_a_blind_delete(harness: Harness, group: Group) -> None:
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
 
     def someone_touches_the_peer() -> None:
-        peer = harness.kubeapi.get(f"{CRD}/bgppeers", "tor-gone")
+        peer = harness.kubeapi.get(f"{api}/bgppeers", "tor-gone")
         assert peer is not None
-        harness.kubeapi.put(f"{CRD}/bgppeers", peer)  # new resourceVersion
+        harness.kubeapi.put(f"{api}/bgppeers", peer)  # new resourceVersion
 
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{GONE}$", someone_touches_the_peer)
     report, code = harness.run(kdd(harness, apply=True))
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
-    assert harness.kubeapi.count("DELETE", f"^{CRD}/bgppeers/tor-gone$") == 2, "refused once, decided again"
+    assert harness.kubeapi.count("DELETE", f"^{api}/bgppeers/tor-gone$") == 2, "refused once, decided again"
 
 
-def test_the_audit_counts_leaks_on_live_nodes_empty_handles_and_pool_use(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_the_audit_counts_leaks_on_live_nodes_empty_handles_and_pool_use(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
     audit = harness.run(kdd(harness))[0]["audit"]
     assert audit["leaked_ips"]["count"] == 1
     assert audit["leaked_ips"]["sample"] == [
@@ -272,8 +329,9 @@ def test_the_audit_counts_leaks_on_live_nodes_empty_handles_and_pool_use(harness
     assert "calicoctl ipam check" in audit["next_step"]
 
 
-def test_dual_stack_pools_are_audited_and_the_gone_nodes_ipv6_block_goes_too(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_dual_stack_pools_are_audited_and_the_gone_nodes_ipv6_block_goes_too(harness: Harness, group: Group) -> None:
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
     ipam = CalicoSeed()
     for cidr, host, ip, pod in [
         ("fd00:96::/122", LIVE_A, "fd00:96::5", "web-a"),
@@ -282,34 +340,37 @@ def test_dual_stack_pools_are_audited_and_the_gone_nodes_ipv6_block_goes_too(har
         ipam.block(cidr, host)
         ipam.allocate(ip, f"k8s-pod-network.{pod}-v6", host, pod=pod, namespace="shop")
         name = f"{host}-{cidr_name(str(ipaddress.ip_network(cidr)))}"
-        spec = {"cidr": cidr, "node": host, "state": "confirmed", "deleted": "false", "type": "host"}
-        harness.kubeapi.put(f"{CRD}/blockaffinities", {"metadata": {"name": name}, "spec": spec})
+        spec = {"cidr": cidr, "node": host, "state": "confirmed", "deleted": group.affinity_deleted, "type": "host"}
+        harness.kubeapi.put(f"{api}/blockaffinities", {"metadata": {"name": name}, "spec": spec})
     for cidr, block in ipam.blocks.items():
-        harness.kubeapi.put(f"{CRD}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
+        harness.kubeapi.put(f"{api}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": copy.deepcopy(block)})
     for handle_id, handle in ipam.handles.items():
         body = {"metadata": {"name": handle_id.lower()}, "spec": {"handleID": handle_id, **copy.deepcopy(handle)}}
-        harness.kubeapi.put(f"{CRD}/ipamhandles", body)
+        harness.kubeapi.put(f"{api}/ipamhandles", body)
     v6_pool = {"metadata": {"name": "default-ipv6-ippool"}, "spec": {"cidr": "fd00:96::/48"}}
-    harness.kubeapi.put(f"{CRD}/ippools", v6_pool)
+    harness.kubeapi.put(f"{api}/ippools", v6_pool)
     report, code = harness.run(kdd(harness, apply=True))
     assert code == 0, report["errors"]
     pools = {p["cidr"]: (p["blocks"], p["allocated"]) for p in report["audit"]["pools"]}
     assert pools == {"100.96.0.0/16": (4, 8), "fd00:96::/48": (2, 2)}
-    left = snapshot(harness.kubeapi)
+    left = snapshot(harness.kubeapi, group)
     assert "ipamblocks/fd00-96---40-122" not in left and "ipamblocks/fd00-96---122" in left
     assert not any(GONE in key for key in left)
 
 
-def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness, monkeypatch: Any) -> None:
+def test_the_lean_read_decides_exactly_what_the_full_read_does(
+    harness: Harness, group: Group, monkeypatch: Any
+) -> None:
     """Told the Node names, the read keeps of live nodes only what the block scan counts, and only
     the handles a plan may write; every decision, the audit and the leak plan are still those of
     the full read. Garbage of every kind: a stale handle, an allocation without a handle, a leak
     whose handle is as Calico writes it (so the lean read drops it and it is read when needed), a
     pod still starting, and the gone node's IPAM."""
+    api = group.path
     from job.adapters.datastores.kdd import KddDatastore
 
-    seed_kdd(harness.kubeapi)
-    block = copy.deepcopy(harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26"))
+    seed_kdd(harness.kubeapi, group)
+    block = copy.deepcopy(harness.kubeapi.get(f"{api}/ipamblocks", "100-96-1-0-26"))
     assert block is not None
     spec = block["spec"]
     for ordinal, pod in ((20, "lost"), (21, "starting")):  # lost: its handle is gone; starting: no IP yet
@@ -318,9 +379,9 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness,
         )
         spec["allocations"][ordinal] = len(spec["attributes"]) - 1
         spec["unallocated"].remove(ordinal)
-    harness.kubeapi.put(f"{CRD}/ipamblocks", block)
+    harness.kubeapi.put(f"{api}/ipamblocks", block)
     harness.kubeapi.put(
-        f"{CRD}/ipamhandles",
+        f"{api}/ipamhandles",
         {
             "metadata": {"name": "k8s-pod-network.starting"},
             "spec": {"handleID": "k8s-pod-network.starting", "block": {"100.96.1.0/26": 1}, "deleted": False},
@@ -328,13 +389,13 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(harness: Harness,
     )
     harness.kubeapi.add_pod("default", "starting", LIVE_A)  # Pending: no IP yet
     harness.kubeapi.put(  # counts nothing and no block holds anything for it
-        f"{CRD}/ipamhandles",
+        f"{api}/ipamhandles",
         {"metadata": {"name": "k8s-pod-network.empty"}, "spec": {"handleID": "k8s-pod-network.empty", "block": {}}},
     )
-    web_a = copy.deepcopy(harness.kubeapi.get(f"{CRD}/ipamhandles", "k8s-pod-network.web-a"))
+    web_a = copy.deepcopy(harness.kubeapi.get(f"{api}/ipamhandles", "k8s-pod-network.web-a"))
     assert web_a is not None
     web_a["spec"]["block"]["100.96.1.0/26"] = 2  # counts one more than its block holds
-    harness.kubeapi.put(f"{CRD}/ipamhandles", web_a)
+    harness.kubeapi.put(f"{api}/ipamhandles", web_a)
     config = kdd(harness, release_leaked_ips=True, max_deletions=50)
     lean, _ = harness.run(config)
     audit = lean["audit"]

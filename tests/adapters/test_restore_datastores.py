@@ -8,10 +8,12 @@ import json
 from typing import Any
 
 from tests.adapters.test_etcdv2 import seeded
-from tests.adapters.test_kdd import CRD, GONE, kdd, seed_kdd, snapshot
+from tests.adapters.test_kdd import GONE, Group, group, kdd, seed_kdd, snapshot
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support.calico2 import CONFLICT_ORPHAN, NEW_NODE, ORPHAN
+
+__all__ = ["group"]  # the fixture: each Kubernetes datastore case on either of Calico's API groups
 
 
 def v2_values(harness: Harness) -> dict[str, str]:
@@ -41,52 +43,54 @@ def test_etcd_v2_restore_gives_back_the_calico_2_hosts(harness: Harness) -> None
     assert code == 0 and {h["action"] for h in again["hosts"]} == {"nothing_to_restore"}
 
 
-def kdd_state(harness: Harness) -> dict[str, Any]:
+def kdd_state(harness: Harness, group: Group) -> dict[str, Any]:
     """Every Calico object as Calico reads it: IPAM by ordinal, the rest by spec and labels."""
-    objects = snapshot(harness.kubeapi)
+    objects = snapshot(harness.kubeapi, group)
     specs = calico.semantic({key: json.dumps(obj.get("spec")) for key, obj in objects.items()})
     return {key: (specs[key], obj["metadata"].get("labels")) for key, obj in objects.items()}
 
 
-def test_kubernetes_datastore_restore_gives_back_the_gone_nodes_ipam_and_config(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
-    before = kdd_state(harness)
-    old = harness.kubeapi.get(f"{CRD}/felixconfigurations", f"node.{GONE}")
+def test_kubernetes_datastore_restore_gives_back_the_gone_nodes_ipam_and_config(harness: Harness, group: Group) -> None:
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    before = kdd_state(harness, group)
+    old = harness.kubeapi.get(f"{api}/felixconfigurations", f"node.{GONE}")
     report, code = harness.run(kdd(harness, apply=True))
     assert code == 0 and report["summary"]["deleted"] == 1
-    assert not any(GONE in key for key in snapshot(harness.kubeapi))
+    assert not any(GONE in key for key in snapshot(harness.kubeapi, group))
     document, code = harness.restore(kdd(harness, apply=True))
     assert code == 0, document
-    assert kdd_state(harness) == before
+    assert kdd_state(harness, group) == before
     # Created anew: nothing the server assigned to the old objects is sent back.
-    restored = harness.kubeapi.get(f"{CRD}/felixconfigurations", f"node.{GONE}")
+    restored = harness.kubeapi.get(f"{api}/felixconfigurations", f"node.{GONE}")
     assert old is not None and restored is not None
     assert restored["metadata"]["uid"] != old["metadata"]["uid"]
-    posted = [p for m, p in harness.kubeapi.requests if m == "POST" and p.startswith(CRD)]
-    assert f"{CRD}/felixconfigurations" in posted and f"{CRD}/ipamblocks" in posted
+    posted = [p for m, p in harness.kubeapi.requests if m == "POST" and p.startswith(api)]
+    assert f"{api}/felixconfigurations" in posted and f"{api}/ipamblocks" in posted
     again, code = harness.restore(kdd(harness, apply=True))
     assert code == 0 and {h["action"] for h in again["hosts"]} == {"nothing_to_restore"}
 
 
-def test_kubernetes_datastore_restore_leaves_an_ip_allocated_again_since(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_kubernetes_datastore_restore_leaves_an_ip_allocated_again_since(harness: Harness, group: Group) -> None:
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
     harness.run(kdd(harness, apply=True))
     # cart-2 borrowed 100.96.1.40 from live-a's block; a new pod of live-a has it now.
-    block = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26")
+    block = harness.kubeapi.get(f"{api}/ipamblocks", "100-96-1-0-26")
     assert block is not None and block["spec"]["allocations"][40] is None
     block["spec"]["attributes"].append({"handle_id": "k8s-pod-network.newcomer", "secondary": {"node": "live-a"}})
     block["spec"]["allocations"][40] = len(block["spec"]["attributes"]) - 1
     block["spec"]["unallocated"].remove(40)
-    harness.kubeapi.put(f"{CRD}/ipamblocks", block)
+    harness.kubeapi.put(f"{api}/ipamblocks", block)
     document, code = harness.restore(kdd(harness, apply=True))
     assert code == 4
     assert [c["message"] for c in document["hosts"][0]["conflicts"]] == [
         "100.96.1.40 was allocated again since (handle k8s-pod-network.newcomer)"
     ]
-    now = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26")
+    now = harness.kubeapi.get(f"{api}/ipamblocks", "100-96-1-0-26")
     assert now is not None
     spec = now["spec"]
     assert spec["attributes"][spec["allocations"][40]]["handle_id"] == "k8s-pod-network.newcomer"
     # The gone node's own blocks and affinities are back all the same.
-    assert harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-9-0-26") is not None
-    assert harness.kubeapi.get(f"{CRD}/blockaffinities", f"{GONE}-100-96-9-0-26") is not None
+    assert harness.kubeapi.get(f"{api}/ipamblocks", "100-96-9-0-26") is not None
+    assert harness.kubeapi.get(f"{api}/blockaffinities", f"{GONE}-100-96-9-0-26") is not None

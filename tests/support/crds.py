@@ -172,7 +172,7 @@ def admit(crd: Crd, obj: dict[str, Any]) -> dict[str, Any]:
     body = _prune(crd.schema, body)
     body = _default(crd.schema, body)
     causes = list(_metadata_causes(stored.get("metadata") or {}))
-    causes += _validate(crd.schema, body, "", top=True)
+    causes += _validate(crd.schema, {**body, "metadata": stored.get("metadata") or {}}, "", top=True)
     if causes:
         raise Invalid(crd, name, causes)
     head = {"apiVersion": stored.get("apiVersion") or crd.api_version, "kind": stored.get("kind") or crd.kind}

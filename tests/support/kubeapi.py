@@ -460,6 +460,8 @@ class KubeApiServer:
         """`/apis` (the groups served) and `/apis/<group>/<version>` (a CRD group's resources), as
         the aggregated discovery's legacy form answers them."""
         served: dict[str, list[str]] = {g: [v] for g, v in BUILTIN_GROUPS.items()}
+        if not self.crds:  # without Calico's CRDs at hand, any resource is served: as an install of v1
+            served["crd.projectcalico.org"] = ["v1"]
         for crd in self.crds:
             served.setdefault(crd.group, [])
             if crd.version not in served[crd.group]:

@@ -203,11 +203,13 @@ def calico_node_pod(name: str, node_name: str, ready: bool, restarts: int, waiti
     return body
 
 
-def calico_node_status(name: str, node_name: str, peer_ips: tuple[str, ...] = ()) -> dict[str, Any]:
+def calico_node_status(
+    name: str, node_name: str, peer_ips: tuple[str, ...] = (), api_version: str = "crd.projectcalico.org/v1"
+) -> dict[str, Any]:
     """A CalicoNodeStatus a user created for a node, with the status calico-node writes to it."""
     peers = [{"peerIP": ip, "since": "09:00:12", "state": "Established", "type": "NodeMesh"} for ip in peer_ips]
     return {
-        "apiVersion": "crd.projectcalico.org/v1",
+        "apiVersion": api_version,
         "kind": "CalicoNodeStatus",
         "metadata": {"name": name},
         "spec": {"node": node_name, "classes": ["Agent", "BGP", "Routes"], "updatePeriodSeconds": 10},

@@ -1,5 +1,6 @@
-"""Calico on the Kubernetes datastore (DATASTORE_TYPE=kubernetes): the `crd.projectcalico.org/v1`
-resources, through the same Kubernetes client as everything else (docs/calico-data.md).
+"""Calico on the Kubernetes datastore (DATASTORE_TYPE=kubernetes): its resources in whichever API
+group Calico's components use, `crd.projectcalico.org/v1` or (Calico 3.32+ on native CRDs)
+`projectcalico.org/v3`, through the same Kubernetes client as everything else (docs/calico-data.md).
 
 The Calico Node and the workload endpoints live and die with the Kubernetes Node and the Pods;
 what stays behind is per-node IPAM (affinities, blocks, allocations, handles), per-node config,
@@ -22,7 +23,8 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -45,8 +47,37 @@ from job.core.model import (
 )
 from job.core.scan import BlockScan, find_dangling
 
-GROUP = "/apis/crd.projectcalico.org/v1"
 BLOCKS, AFFINITIES, HANDLES = "ipamblocks", "blockaffinities", "ipamhandles"
+
+
+@dataclass(frozen=True)
+class CalicoApiGroup:
+    """One of the two API groups Calico's Kubernetes datastore lives in. What differs between
+    them is data the adapter consults (docs/calico-data.md, "The two API groups"), never a branch:
+    the resource names a group spells otherwise. Field types differ only where the job does not
+    write (a BlockAffinity's `deleted`: the string "true"/"false" in v1, a boolean in v3); every
+    write sends back what was read in the same group, and a restore into the other group is refused."""
+
+    name: str
+    version: str
+    renamed: Mapping[str, str] = field(default_factory=dict)  # the job's (v1) resource name -> this group's
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    def path(self, plural: str, name: str = "") -> str:
+        collection = f"/apis/{self.api_version}/{self.renamed.get(plural, plural)}"
+        return f"{collection}/{name}" if name else collection
+
+
+V1 = CalicoApiGroup("crd.projectcalico.org", "v1")
+V3 = CalicoApiGroup("projectcalico.org", "v3", {"ipamconfigs": "ipamconfigurations"})
+API_GROUPS = {group.api_version: group for group in (V1, V3)}
+REQUIRED = (BLOCKS, AFFINITIES, HANDLES)  # every Calico 3.x on this datastore has them
+# A DatastoreMigration (projectcalico.org/v3) moves a cluster's Calico data from v1 to v3: until
+# it is Complete, neither group is the whole truth (api/pkg/apis/projectcalico/v3/datastoremigration.go).
+MIGRATIONS, MIGRATION_DONE = "datastoremigrations", "Complete"
 SPEC_VALUED = (BLOCKS, HANDLES)  # read as their spec (IPAM editing needs only it); others whole
 NODE_CONFIGS = ("felixconfigurations", "bgpconfigurations")  # named node.<name>
 NODE_BOUND = ("bgppeers", "hostendpoints", "caliconodestatuses")  # with spec.node
@@ -130,12 +161,74 @@ def _whole(obj: _Object) -> dict[str, Any]:
 class KddDatastore:
     type = "kubernetes"
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, api_group: str = "") -> None:
         self._kube = kube
+        self._setting = api_group  # CALICO_API_GROUP: empty means "as discovery finds", as Calico
+        self._group: CalicoApiGroup | None = None
+        self._chosen_by = ""
+        self._migration: str | None = None  # an unfinished DatastoreMigration, said in a guard
         self._metadata: dict[str, dict[str, Any]] = {}  # per key, for writes that keep labels and uid
 
     def describe(self) -> dict[str, object]:
-        return {"type": self.type, "endpoints": [self._kube.host]}
+        described: dict[str, object] = {"type": self.type, "endpoints": [self._kube.host]}
+        if self._group is not None:
+            described.update(api_group=self._group.api_version, api_group_from=self._chosen_by)
+        return described
+
+    @property
+    def group(self) -> CalicoApiGroup:
+        """The API group Calico's components use here, chosen once per run exactly as Calico
+        chooses it (libcalico-go/lib/backend/k8s/discovery.go, UsingV3CRDs): CALICO_API_GROUP when
+        set; else projectcalico.org/v3 where only it is served, crd.projectcalico.org/v1 where that
+        is (with both, the v3 group is the aggregated API server's view of v1 storage)."""
+        if self._group is None:
+            self._group, self._chosen_by = self._choose()
+        return self._group
+
+    def _choose(self) -> tuple[CalicoApiGroup, str]:
+        try:
+            listed = self._kube.request("GET", "/apis").get("groups")
+        except KubeError as error:
+            raise DatastoreError(f"discovery of the Calico API group failed: {error}", error.kind) from error
+        served = {g.get("name") for g in listed if isinstance(g, dict)} if isinstance(listed, list) else set()
+        v1, v3 = V1.name in served, V3.name in served
+        said = " and ".join(g.name for g in (V1, V3) if g.name in served) or "neither Calico group"
+        if self._setting:
+            chosen = API_GROUPS[self._setting]
+            if chosen.name not in served:
+                raise DatastoreMismatch(
+                    f"CALICO_API_GROUP is {self._setting}, but the API server at {self._kube.host} serves {said}: "
+                    "set it to the group Calico's components use (their CALICO_API_GROUP), or leave it empty to "
+                    "choose as they do"
+                )
+            by = "CALICO_API_GROUP"
+        elif v1 or v3:
+            chosen, by = (V3 if v3 and not v1 else V1), "discovery"
+        else:
+            raise DatastoreMismatch(
+                f"the Calico CRDs are not installed: the API server at {self._kube.host} serves neither "
+                f"{V1.api_version} nor {V3.api_version}, so this cluster's Calico does not use the Kubernetes "
+                "datastore; set DATASTORE_TYPE to etcdv3 or etcdv2 (with ETCD_ENDPOINTS)"
+            )
+        if v1 and v3:
+            self._migration = self._unfinished_migration()
+        return chosen, by
+
+    def _unfinished_migration(self) -> str | None:
+        """With both groups served, a DatastoreMigration not yet Complete: Calico's data is
+        moving from v1 to v3, and neither group may be written."""
+        try:
+            found = self._kube.list_all(V3.path(MIGRATIONS), lambda m: m)
+        except KubeError as error:
+            if error.status == 404:  # no migration CRD: nothing moves
+                return None
+            raise DatastoreError(f"listing {V3.api_version} {MIGRATIONS} failed: {error}", error.kind) from error
+        for migration in found:
+            phase = ((migration.get("status") if isinstance(migration, dict) else None) or {}).get("phase")
+            if phase != MIGRATION_DONE:
+                name = (migration.get("metadata") or {}).get("name")
+                return f"DatastoreMigration {name} is {phase or 'not started'}"
+        return None
 
     def _list(
         self, plural: str, problems: list[DataProblem], keep: Callable[[_Object], T | None], required: bool = True
@@ -143,14 +236,16 @@ class KddDatastore:
         """Every object of a Calico resource, page by page, each turned by `keep` into what is kept
         of it as it arrives (None: nothing). An `_Object`'s raw spec points into its page, so no
         `_Object` outlives its page."""
+        group = self.group
         try:
-            return self._kube.list_all(f"{GROUP}/{plural}", keep, page=_PAGE)
+            return self._kube.list_all(group.path(plural), keep, page=_PAGE)
         except KubeError as error:
-            if error.status == 404 and plural == BLOCKS:
-                # Every Calico on this datastore has IPAM blocks: their CRD missing means another one.
+            if error.status == 404 and plural in REQUIRED:
+                # Every Calico 3.x on this datastore has IPAM blocks, affinities and handles.
                 raise DatastoreMismatch(
-                    f"the Calico CRDs ({GROUP}/{BLOCKS}) are not installed: this cluster's Calico does not "
-                    "use the Kubernetes datastore; set DATASTORE_TYPE to etcdv3 or etcdv2 (with ETCD_ENDPOINTS)"
+                    f"the API server serves {group.api_version} (chosen by {self._chosen_by}) without its "
+                    f"{group.renamed.get(plural, plural)}: are all of Calico's CRDs of that group installed? Set "
+                    "CALICO_API_GROUP to the group Calico's components use"
                 ) from error
             if error.status == 404:  # a CRD that older Calico versions do not have: nothing of that kind
                 return []
@@ -337,8 +432,12 @@ class KddDatastore:
             if isinstance(spec, dict):
                 ready = spec.get("datastoreReady")
                 guid = spec.get("clusterGUID")
-                return ClusterInfo(guid if isinstance(guid, str) else None, ready if isinstance(ready, bool) else None)
-        return ClusterInfo()
+                return ClusterInfo(
+                    guid if isinstance(guid, str) else None,
+                    ready if isinstance(ready, bool) else None,
+                    self._migration,
+                )
+        return ClusterInfo(migration=self._migration)
 
     def _pools(self, problems: list[DataProblem]) -> tuple[str, ...]:
         specs = self._list("ippools", problems, lambda obj: msgspec.json.decode(obj.spec), required=False)
@@ -367,7 +466,7 @@ class KddDatastore:
                 node_controller="node" in enabled.split(",") if enabled else True,
             )
             break
-        config = self._get(f"{GROUP}/kubecontrollersconfigurations/default")
+        config = self._get(self.group.path("kubecontrollersconfigurations", "default"))
         node = (((config or {}).get("spec") or {}).get("controllers") or {}).get("node")
         if node is not None:
             found["leak_grace_period"] = node.get("leakGracePeriod", "15m")  # Calico's default
@@ -388,7 +487,7 @@ class KddDatastore:
         found = {}
         for key in keys:
             plural, _, name = key.partition("/")
-            obj = self._get_found(f"{GROUP}/{plural}/{name}")
+            obj = self._get_found(self.group.path(plural, name))
             if obj is not None:
                 item = self._item(plural, obj, [], value=obj.get("spec") if plural in SPEC_VALUED else None)
                 if item is not None:
@@ -409,7 +508,7 @@ class KddDatastore:
         data = json.loads(value)
         if plural in SPEC_VALUED:
             return {
-                "apiVersion": "crd.projectcalico.org/v1",
+                "apiVersion": self.group.api_version,
                 "kind": KINDS[plural],
                 "metadata": {"name": name},
                 "spec": data,
@@ -419,18 +518,18 @@ class KddDatastore:
 
     def _object(self, plural: str, key: str, revision: int, spec: Any) -> dict[str, Any]:
         metadata = {**self._metadata.get(key, {}), "resourceVersion": str(revision)}
-        return {"apiVersion": "crd.projectcalico.org/v1", "kind": KINDS[plural], "metadata": metadata, "spec": spec}
+        return {"apiVersion": self.group.api_version, "kind": KINDS[plural], "metadata": metadata, "spec": spec}
 
     def commit(self, step: Step) -> int:
         """The step's writes in order, each guarded by resourceVersion (a create: by the name being
         free); stop at the first 409/404."""
         for applied, write in enumerate(step.writes):
             plural, _, name = write.key.partition("/")
-            path = f"{GROUP}/{plural}/{name}"
+            path = self.group.path(plural, name)
             try:
                 if write.revision == CREATE:
                     assert write.value is not None, "a create carries a value"
-                    self._kube.request("POST", f"{GROUP}/{plural}", body=self._created(plural, name, write.value))
+                    self._kube.request("POST", self.group.path(plural), body=self._created(plural, name, write.value))
                     continue
                 if write.value is not None:
                     self._kube.request(
