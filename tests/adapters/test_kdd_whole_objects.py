@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.adapters.test_kdd import CRD, GONE, kdd, seed_kdd, snapshot
+from tests.adapters.test_kdd import GONE, V1, Group, group, kdd, seed_kdd, snapshot
 from tests.conftest import Harness, hosts_by_name
 from tests.support import crds, objects
 from tests.support.kubeapi import KubeApiServer
 
+__all__ = ["group"]  # the fixture: each case on either of Calico's API groups
 # Where absence means something to Calico (and so to the job), a field is not added.
 KEEP_ABSENT = {
     "ipamblocks": frozenset(
@@ -41,7 +42,7 @@ def fill_everything(kubeapi: KubeApiServer) -> int:
         for name, obj in list(stored.items()):
             if crd is not None:
                 whole = crds.filled(crd, obj, KEEP_ABSENT.get(crd.plural, frozenset()))
-            elif collection.startswith(CRD):
+            elif collection.startswith("/apis/") and "projectcalico.org/" in collection:
                 whole = copy.deepcopy(obj)
                 whole["status"] = OWN_FIXTURE["status"]
                 if isinstance(whole.get("spec"), dict):
@@ -65,29 +66,34 @@ def decisions(report: dict[str, Any]) -> dict[str, Any]:
     return {"hosts": hosts, **{part: report.get(part) for part in parts}}
 
 
-@pytest.mark.parametrize("schemas", ["calico-crds", "own-fixture"])
-def test_every_field_a_schema_allows_changes_no_decision(harness: Harness, schemas: str) -> None:
-    if schemas == "own-fixture":
-        harness.kubeapi.crds = ()  # as where ../shared is not at hand
-    elif not crds.available():
-        pytest.skip("Calico's CRDs are not beside the checkout (../shared)")
-    seed_kdd(harness.kubeapi)
+def decides_alike(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
     harness.kubeapi.add_calico_node_pod("live-a")
     config = kdd(harness, release_leaked_ips=True)
     minimal, code = harness.run(config)
     assert code == 0
     assert fill_everything(harness.kubeapi) >= 30
-    status = harness.kubeapi.get(f"{CRD}/caliconodestatuses", f"{GONE}-status")
+    status = harness.kubeapi.get(f"{group.path}/caliconodestatuses", f"{GONE}-status")
     assert status is not None and status["status"], "statuses are read too"
     whole, code = harness.run(config)
     assert code == 0, whole["errors"]
     assert decisions(whole) == decisions(minimal)
 
 
+def test_every_field_a_schema_allows_changes_no_decision(harness: Harness, group: Group) -> None:
+    decides_alike(harness, group)
+
+
+def test_every_field_of_our_own_fixture_changes_no_decision(harness: Harness) -> None:
+    """As where ../shared is not at hand: no CRDs, so nothing is pruned and every field is read."""
+    harness.kubeapi.crds = ()
+    decides_alike(harness, V1)
+
+
 @pytest.mark.skipif(not crds.available(), reason="Calico's CRDs are not beside the checkout (../shared)")
-def test_every_calico_kind_the_job_lists_is_filled_from_its_crd(kubeapi: KubeApiServer) -> None:
+def test_every_calico_kind_the_job_lists_is_filled_from_its_crd(kubeapi: KubeApiServer, group: Group) -> None:
     """The rewrite really adds every property: each kind's schema, walked, is all there."""
-    seed_kdd(kubeapi)
+    seed_kdd(kubeapi, group)
     fill_everything(kubeapi)
     listed = {
         "ipamblocks",
@@ -103,7 +109,7 @@ def test_every_calico_kind_the_job_lists_is_filled_from_its_crd(kubeapi: KubeApi
         "kubecontrollersconfigurations",
     }
     for plural in listed:
-        collection = f"{CRD}/{plural}"
+        collection = f"{group.path}/{plural}"
         crd = kubeapi.crd_of(collection)
         assert crd is not None and kubeapi.objects.get(collection), plural
         for obj in kubeapi.objects[collection].values():
@@ -128,13 +134,13 @@ def _absent(schema: dict[str, Any], value: Any, path: str, keep: frozenset[str])
     return []
 
 
-def test_apply_on_full_objects_writes_what_the_real_server_admits(harness: Harness) -> None:
-    seed_kdd(harness.kubeapi)
+def test_apply_on_full_objects_writes_what_the_real_server_admits(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
     fill_everything(harness.kubeapi)
-    before = snapshot(harness.kubeapi)
+    before = snapshot(harness.kubeapi, group)
     report, code = harness.run(kdd(harness, apply=True))
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted", report["errors"]
-    after = snapshot(harness.kubeapi)
+    after = snapshot(harness.kubeapi, group)
     assert not any(GONE in key for key in after)
     changed = {k for k in after if after[k]["metadata"]["resourceVersion"] != before[k]["metadata"]["resourceVersion"]}
     assert changed == {"ipamblocks/100-96-8-0-26", "ipamblocks/100-96-1-0-26"}

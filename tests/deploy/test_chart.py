@@ -99,6 +99,15 @@ def test_each_datastore_renders_its_overlays_rbac_and_settings(datastore: str) -
     assert {k for k in chart if k[0] in RBAC} == {k for k in overlay if k[0] in RBAC}
 
 
+def test_the_calico_api_group_is_set_only_when_given() -> None:
+    def settings(values: dict[str, Any]) -> dict[str, str]:
+        docs = by_name(helm_render({"datastore": "kubernetes", **values}))
+        return next(d for k, d in docs.items() if k[0] == "ConfigMap" and k[1].endswith("-config"))["data"]
+
+    assert "CALICO_API_GROUP" not in settings({}), "unset: chosen as Calico chooses it"
+    assert settings({"calicoApiGroup": "projectcalico.org/v3"})["CALICO_API_GROUP"] == "projectcalico.org/v3"
+
+
 def test_the_image_is_the_app_version_and_every_run_is_a_dry_run_by_default() -> None:
     docs = by_name(helm_render())
     _, pod = pod_spec(list(docs.values()))
@@ -151,6 +160,7 @@ def test_host_networking_off_passes_the_baseline_checks() -> None:
         ({"schedule": 5}, "schedule"),
         ({"maxDeletions": -1}, "maxDeletions"),
         ({"aply": True}, "aply"),
+        ({"calicoApiGroup": "projectcalico.org/v1"}, "calicoApiGroup"),
     ],
 )
 def test_the_schema_refuses_bad_values(values: dict[str, Any], field: str) -> None:

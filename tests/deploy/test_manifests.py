@@ -94,6 +94,13 @@ def test_the_kdd_overlay_may_clean_exactly_the_calico_resources() -> None:
     assert settings["data"]["DATASTORE_TYPE"] == "kubernetes"
     rules = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "calico-gc-kdd")["rules"]
     writable = {r for rule in rules if "delete" in rule["verbs"] for r in rule["resources"]}
+    for rule in rules:  # Calico's two API groups get the same grants, but for the migration's read
+        if "crd.projectcalico.org" in rule["apiGroups"] or "projectcalico.org" in rule["apiGroups"]:
+            assert set(rule["apiGroups"]) == {"crd.projectcalico.org", "projectcalico.org"} or rule == {
+                "apiGroups": ["projectcalico.org"],
+                "resources": ["datastoremigrations"],
+                "verbs": ["list"],
+            }, rule
     assert writable == {
         "ipamblocks",
         "blockaffinities",
