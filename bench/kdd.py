@@ -36,24 +36,38 @@ from typing import Any
 import requests
 
 from bench.dry_run import run_job, spread
+from tests.support import crds
 from tests.support.kubeapi import KubeApiServer
 
-CRD = "/apis/crd.projectcalico.org/v1"
-# What one run lists, in the job's order: the Calico lists, then the Nodes and the pods.
-LISTS = (
-    f"{CRD}/blockaffinities",
-    f"{CRD}/felixconfigurations",
-    f"{CRD}/bgpconfigurations",
-    f"{CRD}/bgppeers",
-    f"{CRD}/hostendpoints",
-    f"{CRD}/caliconodestatuses",
-    f"{CRD}/clusterinformations",
-    f"{CRD}/ippools",
-    f"{CRD}/ipamblocks",
-    f"{CRD}/ipamhandles",
-    "/api/v1/nodes",
-    "/api/v1/pods",
-)  # the job also lists the calico-node pods (health) and webhooks: tens of objects
+# Calico's API group the fleet is written in (--group): the Calico 3.x one, or the native v3 CRDs of
+# Calico 3.32+. Set once by main() before anything is built; each entry: (API version, CRD file,
+# a BlockAffinity's spec.deleted as that group types it).
+GROUPS = {
+    "v1": ("crd.projectcalico.org/v1", crds.V1_FILE, "false"),
+    "v3": ("projectcalico.org/v3", crds.V3_FILE, False),
+}
+API_VERSION, _, AFFINITY_DELETED = GROUPS["v1"]
+CRD = f"/apis/{API_VERSION}"
+
+
+def lists() -> tuple[str, ...]:
+    """What one run lists, in the job's order: the Calico lists, then the Nodes and the pods (it also
+    lists the calico-node pods for health, and webhooks: tens of objects)."""
+    calico = (
+        "blockaffinities",
+        "felixconfigurations",
+        "bgpconfigurations",
+        "bgppeers",
+        "hostendpoints",
+        "caliconodestatuses",
+        "clusterinformations",
+        "ippools",
+        "ipamblocks",
+        "ipamhandles",
+    )
+    return (*(f"{CRD}/{plural}" for plural in calico), "/api/v1/nodes", "/api/v1/pods")
+
+
 PAGE = 500
 NAMESPACES = 10
 
@@ -242,7 +256,7 @@ def ipam_objects(index: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
     yield (
         f"{CRD}/ipamblocks",
         {
-            "apiVersion": "crd.projectcalico.org/v1",
+            "apiVersion": API_VERSION,
             "kind": "IPAMBlock",
             "metadata": {"name": name},
             "spec": {
@@ -261,10 +275,10 @@ def ipam_objects(index: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
     yield (
         f"{CRD}/blockaffinities",
         {
-            "apiVersion": "crd.projectcalico.org/v1",
+            "apiVersion": API_VERSION,
             "kind": "BlockAffinity",
             "metadata": {"name": f"{node}-{name}", "labels": {"projectcalico.org/affinity-type": "host"}},
-            "spec": {"cidr": cidr, "node": node, "state": "confirmed", "deleted": "false", "type": "host"},
+            "spec": {"cidr": cidr, "node": node, "state": "confirmed", "deleted": AFFINITY_DELETED, "type": "host"},
         },
     )
     for attribute in attributes:
@@ -272,7 +286,7 @@ def ipam_objects(index: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
         yield (
             f"{CRD}/ipamhandles",
             {
-                "apiVersion": "crd.projectcalico.org/v1",
+                "apiVersion": API_VERSION,
                 "kind": "IPAMHandle",
                 "metadata": {"name": handle.lower()},
                 "spec": {"handleID": handle, "block": {cidr: 1}, "deleted": False},
@@ -344,14 +358,14 @@ def plain_read(kubeconfig: Path) -> float:
     """The same lists, paged 500 at a time with the job's client, each page parsed as JSON, nothing
     kept; timed in a process of its own, as the job is (this one holds the server's objects)."""
     code = (
-        "import sys, time; from pathlib import Path; from bench.kdd import LISTS, PAGE; from job.config import Config;"
+        "import sys, time; from pathlib import Path; from bench.kdd import PAGE; from job.config import Config;"
         "from job.adapters.kube import Kube, api_client; from job.adapters.retry import RetryPolicy;"
         "kube = Kube(api_client(Config(kubeconfig=Path(sys.argv[1]))), RetryPolicy(), page_size=PAGE);"
-        "started = time.perf_counter(); [kube.list_all(path, lambda _: None) for path in LISTS];"
+        "started = time.perf_counter(); [kube.list_all(path, lambda _: None) for path in sys.argv[2:]];"
         "print(time.perf_counter() - started)"
     )
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, str(kubeconfig)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", code, str(kubeconfig), *lists()], check=True, capture_output=True)
     return time.perf_counter() - started
 
 
@@ -359,7 +373,7 @@ def kubectl_seconds(kubeconfig: Path) -> float:
     """`kubectl get --raw` of the same lists, page by page (the continue token read off each page)."""
     binary = str(Path(sys.executable).with_name("kubectl"))
     started = time.perf_counter()
-    for path in LISTS:
+    for path in lists():
         token = ""
         while True:
             query = f"?limit={PAGE}" + (f"&continue={token}" if token else "")
@@ -479,9 +493,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--extra-pods", type=int, default=20000)
     parser.add_argument("--profile", action="store_true", help="then one dry run under cProfile: where the time goes")
+    parser.add_argument("--group", choices=sorted(GROUPS), default="v1", help="Calico's API group (v3: native CRDs)")
     options = parser.parse_args()
+    global API_VERSION, AFFINITY_DELETED, CRD
+    API_VERSION, crd_file, AFFINITY_DELETED = GROUPS[options.group]
+    CRD = f"/apis/{API_VERSION}"
+    installed = crds.calico(crd_file)
+    if not installed:
+        print(f"Calico's CRDs ({crd_file}) are not beside the checkout (../shared): every write is taken unchecked")
+    print(f"Calico's data in {API_VERSION}, {'validated against its CRDs' if installed else 'no CRDs'}")
     workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-kdd-"))
-    server = KubeApiServer(cache_lists=True).start()
+    server = KubeApiServer(cache_lists=True, crds=installed).start()
     try:
         started = time.perf_counter()
         created = create_all(server.url, cluster_objects(options.nodes, options.pods_per_node))
