@@ -29,8 +29,9 @@ from job.config import Config, EtcdEndpoint
 from job.core.report import SCHEMA_PATH, write
 from job.flows.restore import restore
 from job.flows.run import Dependencies, keep, report_befores, run
-from tests.support import calico, calico2
+from tests.support import calico, calico2, crds
 from tests.support.etcd_server import EtcdServer
+from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
 from tests.support.scenario import Scenario
 
@@ -77,6 +78,17 @@ def kubeapi() -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(params=[V1, V3], ids=["v1", "v3"])
+def group(request: pytest.FixtureRequest, kubeapi: KubeApiServer) -> Group:
+    """Each test on either group: the API test server installs that group's CRDs alone (v3: Calico
+    3.32+ on native CRDs), and the job chooses the group as Calico does, by discovery."""
+    chosen: Group = request.param
+    if chosen is V3 and not crds.available():
+        pytest.skip("Calico's v3 CRDs are not beside the checkout (../shared)")
+    kubeapi.crds = crds.calico(chosen.crd_file)
+    return chosen
 
 
 @dataclass

@@ -6,47 +6,17 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from job.core.report import render_text
 from tests.conftest import Harness, hosts_by_name
-from tests.support import crds, objects
+from tests.support import objects
 from tests.support.calico import CalicoSeed
+from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
 
 CRD = "/apis/crd.projectcalico.org/v1"
-
-
-@dataclass(frozen=True)
-class Group:
-    """One of Calico's two API groups, as a test seeds it the way Calico's components write it."""
-
-    api_version: str
-    crd_file: str
-    affinity_deleted: str | bool  # a BlockAffinity's spec.deleted: "false" in v1, false in v3
-
-    @property
-    def path(self) -> str:
-        return f"/apis/{self.api_version}"
-
-
-V1 = Group("crd.projectcalico.org/v1", crds.V1_FILE, "false")
-V3 = Group("projectcalico.org/v3", crds.V3_FILE, False)
-
-
-@pytest.fixture(params=[V1, V3], ids=["v1", "v3"])
-def group(request: pytest.FixtureRequest, kubeapi: KubeApiServer) -> Group:
-    """Each test on either group: the API test server installs that group's CRDs alone (v3: Calico
-    3.32+ on native CRDs), and the job chooses the group as Calico does, by discovery."""
-    chosen: Group = request.param
-    if chosen is V3 and not crds.available():
-        pytest.skip("Calico's v3 CRDs are not beside the checkout (../shared)")
-    kubeapi.crds = crds.calico(chosen.crd_file)
-    return chosen
 
 
 LIVE_A, LIVE_B, GONE = "live-a", "live-b", "worker-gone"

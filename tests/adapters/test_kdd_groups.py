@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.adapters.test_kdd import GONE, V1, V3, Group, kdd, seed_kdd, snapshot
+from tests.adapters.test_kdd import GONE, kdd, seed_kdd, snapshot
 from tests.conftest import Harness, hosts_by_name
 from tests.support import crds
+from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
 
 pytestmark = pytest.mark.skipif(not crds.available(), reason="Calico's CRDs are not beside the checkout (../shared)")

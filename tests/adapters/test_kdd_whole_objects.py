@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.adapters.test_kdd import GONE, V1, Group, group, kdd, seed_kdd, snapshot
+from tests.adapters.test_kdd import GONE, kdd, seed_kdd, snapshot
 from tests.conftest import Harness, hosts_by_name
 from tests.support import crds, objects
+from tests.support.groups import V1, Group
 from tests.support.kubeapi import KubeApiServer
 
-__all__ = ["group"]  # the fixture: each case on either of Calico's API groups
 # Where absence means something to Calico (and so to the job), a field is not added.
 KEEP_ABSENT = {
     "ipamblocks": frozenset(

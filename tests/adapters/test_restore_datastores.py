@@ -8,12 +8,11 @@ import json
 from typing import Any
 
 from tests.adapters.test_etcdv2 import seeded
-from tests.adapters.test_kdd import GONE, Group, group, kdd, seed_kdd, snapshot
+from tests.adapters.test_kdd import GONE, kdd, seed_kdd, snapshot
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support.calico2 import CONFLICT_ORPHAN, NEW_NODE, ORPHAN
-
-__all__ = ["group"]  # the fixture: each Kubernetes datastore case on either of Calico's API groups
+from tests.support.groups import Group
 
 
 def v2_values(harness: Harness) -> dict[str, str]:

@@ -20,6 +20,7 @@ from job.core.model import Action
 from tests.adapters.test_kdd import seed_kdd, snapshot
 from tests.conftest import Harness
 from tests.support import calico, calico2
+from tests.support.groups import Group
 from tests.support.job_process import job_argv, run_job
 from tests.support.scenario import cross_borrowing_fleet
 from tests.support.write_relay import Action as RelayAction
@@ -71,19 +72,19 @@ def etcdv2(harness: Harness, orphans: int) -> Keyspace:
     return Keyspace("etcdv2", reseed, values)
 
 
-def kdd(harness: Harness) -> Keyspace:
+def kdd(harness: Harness, group: Group) -> Keyspace:
     """The Kubernetes datastore in the API test server: a gone node's IPAM with a borrowed IP,
     an empty block (tombstone, then delete), a block lending an IP to a live pod, config."""
     kubeapi = harness.kubeapi
 
     def reseed() -> None:
         kubeapi.objects.clear()
-        seed_kdd(kubeapi)
+        seed_kdd(kubeapi, group)
 
     def values() -> dict[str, str]:
         """Every Calico object's spec, with IPAM in etcd's key shapes for ipam_problems."""
         found = {}
-        for key, obj in snapshot(kubeapi).items():
+        for key, obj in snapshot(kubeapi, group).items():
             plural, name = key.split("/", 1)
             spec = obj.get("spec") or {}
             if plural == "ipamblocks":
@@ -187,12 +188,12 @@ def test_crash_or_conflict_at_every_write_on_etcd_v2(harness: Harness, relay: Wr
 @pytest.mark.slow
 @pytest.mark.parametrize("action", ACTIONS)
 def test_crash_or_conflict_at_every_write_on_the_kubernetes_datastore(
-    harness: Harness, relay: WriteRelay, action: RelayAction
+    harness: Harness, relay: WriteRelay, action: RelayAction, group: Group
 ) -> None:
     """One object a request: tombstones, pendingDeletion and handles-first order must make every
     crash point recoverable. The seed's stale handle is audit material, not this run's."""
     stale = "handle k8s-pod-network.stale: counts {'100.96.2.0/26': 1}, blocks hold None"
-    check_every_write(harness, relay, kdd(harness), action, known=[stale])
+    check_every_write(harness, relay, kdd(harness, group), action, known=[stale])
 
 
 @pytest.mark.slow

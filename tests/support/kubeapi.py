@@ -301,7 +301,7 @@ class KubeApiServer:
         if (
             self.crd_writes is not None
             and method in ("POST", "PUT", "DELETE", "PATCH")
-            and "/crd.projectcalico.org/" in path
+            and "projectcalico.org/" in path
         ):
             action = self.crd_writes()
         if action == "kill_before":
