@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
+from job.core.kept import NO_KUBEVIRT, KubeVirt
 from job.core.model import KubeNode, NetworkUnavailable, PodInfo
 
 log = structlog.get_logger("calico_gc.kube")
@@ -96,6 +98,23 @@ class _NodeStatus(msgspec.Struct, frozen=True):
     conditions: list[_Condition] | None = None
 
 
+class _OwnerReference(msgspec.Struct, frozen=True):
+    kind: str = ""
+
+
+class _VmMeta(msgspec.Struct, frozen=True):
+    name: str = ""
+    namespace: str = ""
+    ownerReferences: list[_OwnerReference] | None = None  # the API's names
+
+
+class _VirtualMachine(msgspec.Struct, frozen=True):
+    """What the job reads of a KubeVirt VirtualMachine or VirtualMachineInstance: who it is, and
+    (of an instance) whether a VirtualMachine owns it; the rest (spec, status) is skipped."""
+
+    metadata: _VmMeta = _VmMeta()
+
+
 class _Node(msgspec.Struct, frozen=True):
     """What the job uses of a Node; its status (images, volumes) and managedFields are skipped."""
 
@@ -159,6 +178,8 @@ def _json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
 
 _POD_PAGE = typed_page(_Pod)
 _NODE_PAGE = typed_page(_Node)
+_VM_PAGE = typed_page(_VirtualMachine)
+KUBEVIRT = "/apis/kubevirt.io/v1"
 
 
 class KubeError(Exception):
@@ -250,6 +271,8 @@ class Kube:
         self._retry = retry
         self._page_size = page_size
         self._clock = clock
+        self._groups: frozenset[str] | None = None
+        self._groups_lock = threading.Lock()  # the datastore read and the Kubernetes read both ask
 
     def request(
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
@@ -377,6 +400,34 @@ class Kube:
                 log.warning("list_restarted", path=path, reason="continue token expired (410)")
         raise KubeError(f"listing {path} kept expiring ({MAX_LIST_RESTARTS} restarts)")
 
+    def served_groups(self) -> frozenset[str]:
+        """The API groups the server serves (discovery, `/apis`): asked once per Kube, so that a
+        run asks once however many readers want it (the Calico group, KubeVirt)."""
+        with self._groups_lock:
+            if self._groups is None:
+                listed = self.request("GET", "/apis").get("groups")
+                named = (g.get("name") for g in listed if isinstance(g, dict)) if isinstance(listed, list) else ()
+                self._groups = frozenset(name for name in named if isinstance(name, str))
+            return self._groups
+
+    def kubevirt(self) -> KubeVirt:
+        """KubeVirt's VMs that hold their addresses (core/kept.py): each VirtualMachine, and each
+        VirtualMachineInstance no VirtualMachine owns. Without `kubevirt.io` served, nothing more is
+        asked; where the VMs cannot be listed, calico-gc cannot tell, and says why."""
+        try:
+            served = "kubevirt.io" in self.served_groups()
+        except KubeError as error:
+            return KubeVirt(False, None, f"the API server's groups could not be read: {error}")
+        if not served:
+            return NO_KUBEVIRT
+        live: set[tuple[str, str]] = set()
+        try:
+            self.list_all(f"{KUBEVIRT}/virtualmachines", lambda vm: live.add(_vm_key(vm)), page=_VM_PAGE)
+            self.list_all(f"{KUBEVIRT}/virtualmachineinstances", lambda vmi: _standalone(vmi, live), page=_VM_PAGE)
+        except KubeError as error:
+            return KubeVirt(True, None, f"KubeVirt's VMs could not be listed: {error}")
+        return KubeVirt(True, frozenset(live))
+
     def list_nodes(self) -> tuple[KubeNode, ...]:
         """All Nodes, with their addresses and network-unavailable state: decoded typed, a Node is
         only those (a real one is 10-20 KB, most of it status and managedFields)."""
@@ -476,6 +527,16 @@ def _pod_info(item: dict[str, Any]) -> PodInfo:
     if not ips and status.get("podIP"):
         ips = [status["podIP"]]
     return PodInfo(node if isinstance(node, str) else None, tuple(ip for ip in ips if isinstance(ip, str)))
+
+
+def _vm_key(vm: _VirtualMachine) -> tuple[str, str]:
+    return vm.metadata.namespace, vm.metadata.name
+
+
+def _standalone(vmi: _VirtualMachine, live: set[tuple[str, str]]) -> None:
+    """A VirtualMachineInstance holds its address itself only where no VirtualMachine owns it."""
+    if not any(ref.kind == "VirtualMachine" for ref in vmi.metadata.ownerReferences or ()):
+        live.add(_vm_key(vmi))
 
 
 def _kube_node(node: _Node) -> KubeNode:

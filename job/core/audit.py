@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from job.core.inventory import Inventory
-from job.core.ipam import StaleHandle
+from job.core.ipam import StaleHandle, address_in
+from job.core.kept import ALTERNATE, ALTERNATE_GONE, Keep, owner, vm_of
 from job.core.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
 from job.core.model import HandleRepair
 from job.core.plan import HANDLE_REPAIRED
@@ -47,6 +48,7 @@ def ipam_audit(
     repairs: Sequence[HandleRepair] = (),
     leaked: Sequence[Allocation] | None = None,
     leak_plan: LeakPlan | None = None,
+    keep: Keep | None = None,
 ) -> dict[str, Any]:
     """`scan`: the pass over every block; `repairs`: what this run plans for each stale handle;
     `leaked`: pod IPs no pod holds (None: pods not listed), and `leak_plan` what this run does
@@ -94,7 +96,34 @@ def ipam_audit(
         "handles_without_allocations": _found(empty),
         "dangling_allocations": _found(dangling, key=lambda d: d["ip"]),
         "leaked_ips": _leaks(leaked, leak_plan),
+        "vm_addresses": _owned_specially(scan, keep or Keep(live_nodes)),
         "next_step": NEXT_STEP,
+    }
+
+
+def _owned_specially(scan: BlockScan, keep: Keep) -> dict[str, Any]:
+    """The addresses a KubeVirt VM or a live migration owns, each with whether it stays and why
+    (kept.py), and what KubeVirt said: they outlive their pods, so an operator sees them apart."""
+    found = []
+    for cidr, ordinal, attribute in scan.owned_specially:
+        vm = vm_of(attribute)
+        state = keep.reason(attribute)
+        if state is None:
+            state = keep.vm_state(vm) if vm is not None else ALTERNATE_GONE
+        found.append(
+            {
+                "ip": address_in(cidr)(ordinal),
+                "vm": "/".join(vm) if isinstance(vm, tuple) else None,
+                "node": owner(attribute.get("secondary"))[0],
+                "alternate_node": owner(attribute.get(ALTERNATE))[0],
+                "state": state,
+            }
+        )
+    kubevirt = keep.kubevirt
+    vms = None if kubevirt.vms is None else len(kubevirt.vms)
+    return {
+        **_found(found, key=lambda f: f["ip"]),
+        "kubevirt": {"served": kubevirt.served, "vms": vms, "why": kubevirt.why},
     }
 
 

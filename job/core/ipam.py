@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
+from job.core.kept import Keep
 from job.core.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Owners, Step, StoredItem, Write
 
 WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
@@ -368,6 +369,7 @@ class IpamIndex:
     affine: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     malformed_networks: list[IpNetwork] = field(default_factory=list)
     networks: Networks = field(default_factory=Networks)
+    keep: Keep | None = None  # allocations that stay whatever their node says (kept.py)
 
     @classmethod
     def build(
@@ -375,8 +377,9 @@ class IpamIndex:
         blocks: Iterable[IpamBlock],
         handles: Mapping[str, IpamHandle],
         malformed_blocks: Iterable[str] = (),
+        keep: Keep | None = None,
     ) -> IpamIndex:
-        index = cls(handles=handles)
+        index = cls(handles=handles, keep=keep)
         for block in blocks:
             index._add(block)
         for cidr in malformed_blocks:
@@ -394,6 +397,7 @@ class IpamIndex:
         blocks that changed (equal to `build` over the whole inventory, which cost 50 ms a
         conflict at 5,000 hosts). The lists it changes are copies: this index is not changed."""
         index = IpamIndex(dict(self.blocks), handles, defaultdict(list, self.owned), defaultdict(list, self.affine))
+        index.keep = self.keep
         index.malformed_networks = list(self.malformed_networks)
         index.networks = self.networks.copy()
         for cidr in dict.fromkeys([*blocks, *malformed]):
@@ -452,14 +456,17 @@ class IpamIndex:
 
 @dataclass(frozen=True)
 class IpamRelease:
-    """The steps that free one host's addresses and affinities, or why they cannot be planned."""
+    """The steps that free one host's addresses and affinities, or why they cannot be planned;
+    `kept`: the host's addresses that stay (a VM's, or a live migration's), with why."""
 
     steps: tuple[Step, ...] = ()
     problem: str | None = None
+    kept: tuple[tuple[str, str], ...] = ()
 
 
-def _host_ordinals(host: CalicoHost, index: IpamIndex) -> dict[str, set[int]]:
-    """Ordinals to free: owned by the host, by its tunnel handles, or at its known IPs.
+def _host_ordinals(host: CalicoHost, index: IpamIndex) -> tuple[dict[str, set[int]], list[tuple[str, str]]]:
+    """Ordinals to free: owned by the host, by its tunnel handles, or at its known IPs; and the
+    host's addresses that stay (index.keep), as (ip, why).
 
     An IP found only through a stale endpoint is freed only when its allocation names no
     other node: it may have been handed to a live pod since.
@@ -474,7 +481,16 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> dict[str, set[int]]:
         owners = index.blocks[cidr].owners
         if ordinal in owners and owners[ordinal] in (None, host.name):
             targets.setdefault(cidr, set()).add(ordinal)
-    return targets
+    kept: list[tuple[str, str]] = []
+    if index.keep is not None:
+        for cidr, ordinals in targets.items():
+            data = block_data(index.blocks[cidr])
+            for ordinal in sorted(ordinals):
+                why = index.keep.reason(_attribute(data, ordinal))
+                if why is not None:
+                    ordinals.discard(ordinal)
+                    kept.append((address_in(cidr)(ordinal), why))
+    return targets, kept
 
 
 def _write(item: StoredItem, value: JsonObject | None) -> Write:
@@ -552,7 +568,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         index.malformed_affinity(affinities)
     ):
         return IpamRelease(problem="an IPAM block of this host could not be parsed")
-    targets = _host_ordinals(host, index)
+    targets, kept = _host_ordinals(host, index)
     edits: dict[str, _BlockEdit] = {}
     first_freed_in: dict[str, str | None] = {}  # handle -> the block step that writes it
     for cidr in sorted(set(targets) | set(index.affine.get(host.name, ())) | set(affinities)):
@@ -584,7 +600,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         steps += _steps("repair IPAM handles", handle_writes[None], [])
     for cidr, edit in edits.items():
         steps += _steps(edit.purpose, handle_writes.get(cidr, []), edit.writes)
-    return IpamRelease(tuple(steps))
+    return IpamRelease(tuple(steps), kept=tuple(kept))
 
 
 def _held_after(key: str, handle_id: str, edits: Mapping[str, _BlockEdit], index: IpamIndex) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +43,7 @@ class Allocation:
     node: str  # "" on Calico 2.x, which records no node: any pod of that name then holds it
     namespace: str
     pod: str
+    attribute: Mapping[str, Any] = field(default_factory=dict, compare=False)  # as its block records it
 
     def settled_by(self, pod: PodInfo) -> bool:
         """The pod still holds this IP: same node, and this IP among its IPs (or none yet)."""

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from job.core.kept import Keep
+
 JsonObject = dict[str, Any]
 
 
@@ -266,6 +268,7 @@ class Plan:
     live_hosts: int
     orphans: frozenset[str]
     repairs: tuple[HandleRepair, ...] = ()
+    keep: Keep | None = None  # the run's rule for addresses that stay (kept.py): re-plans use it too
 
     @property
     def refused(self) -> bool:

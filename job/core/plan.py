@@ -22,6 +22,7 @@ from job.core.ipam import (
     summarize_block,
     tunnel_handle_node,
 )
+from job.core.kept import NO_KUBEVIRT, Keep, KubeVirt
 from job.core.model import (
     Action,
     BlockAffinity,
@@ -51,6 +52,8 @@ MALFORMED_DATA = "malformed_data"
 GRACE_PERIOD = "grace_period"
 CONFLICT_GRACE_PERIOD = "conflict_grace_period"
 MAX_DELETIONS = "max_deletions"
+ADDRESSES_KEPT = "addresses_kept"  # only addresses that stay are left of it (a VM's: kept.py)
+ADDRESSES_KEPT_NOTE = "nothing else left; its addresses stay while their VM or migration does: "
 # What a run does about a stale handle (docs/calico-data.md, "Stale handles").
 HANDLE_SEEN = "seen_once"  # first seen stale at this revision: repaired if still so, unchanged, later
 HANDLE_WOULD_REPAIR = "would_repair"
@@ -214,7 +217,9 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
     """The ordered transactions that remove a gone host (docs/calico-data.md), or why it cannot be.
 
     IPAM first (each block with the handles it frees), then the host's own keys, and the Node
-    last, so that an interrupted run leaves a host that is still found next time.
+    last, so that an interrupted run leaves a host that is still found next time. A host whose
+    only data left is addresses that stay (kept.py) has nothing to remove: said, as a problem
+    of its own kind (ADDRESSES_KEPT).
     """
     release = plan_release(host, index)
     if release.problem is not None:
@@ -228,11 +233,13 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
     last = ([] if host.node is None else [host.node]) + list(host.link_keys)
     if last:
         steps.append(Step("delete the Calico Node", tuple(_delete(item) for item in last)))
+    if not steps and release.kept:
+        return (), ADDRESSES_KEPT_NOTE + ", ".join(f"{ip} ({why})" for ip, why in release.kept)
     return tuple(steps), None
 
 
-def build_index(inventory: Inventory) -> IpamIndex:
-    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks)
+def build_index(inventory: Inventory, keep: Keep | None = None) -> IpamIndex:
+    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks, keep)
 
 
 def plan_run(
@@ -243,6 +250,7 @@ def plan_run(
     config: Config,
     reported_conflicts: Sequence[IpConflict] = (),
     stale: Sequence[StaleHandle] = (),
+    kubevirt: KubeVirt = NO_KUBEVIRT,
 ) -> Plan:
     """Decide every Calico host that is not live; deterministic for the same inputs.
 
@@ -259,7 +267,8 @@ def plan_run(
     )
     conflicted = {c.orphan for c in conflicts if c.orphan is not None}
     guards = check_guards(inventory, kube_nodes, len(orphans), config)
-    index = build_index(inventory)
+    keep = Keep(frozenset(k8s_names), kubevirt)
+    index = build_index(inventory, keep)
     next_state: dict[str, datetime] = {}
     eligible: list[tuple[Orphan, datetime, bool]] = []
     for orphan in orphans:
@@ -288,16 +297,15 @@ def plan_run(
             continue
         steps, problem = host_steps(orphan.host, index)
         if problem is not None:
-            decisions.append(
-                HostDecision(orphan.host, Action.SKIPPED, MALFORMED_DATA, since, is_conflict, error=problem)
-            )
+            reason = ADDRESSES_KEPT if problem.startswith(ADDRESSES_KEPT_NOTE) else MALFORMED_DATA
+            decisions.append(HostDecision(orphan.host, Action.SKIPPED, reason, since, is_conflict, error=problem))
         else:
             taken += 1
             decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
     decisions.sort(key=lambda d: d.host.name)
     repairs, sightings = plan_handle_repairs(stale, decisions, grace_state, now, config)
     next_state.update(sightings)
-    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names, repairs)
+    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names, repairs, keep)
 
 
 def handle_sighting(finding: StaleHandle) -> str:
@@ -357,9 +365,8 @@ def replan_host(inventory: Inventory, previous: HostDecision, index: IpamIndex |
         return HostDecision(host, Action.SKIPPED, FELIX_ALIVE, previous.orphaned_since, previous.conflict)
     steps, problem = host_steps(host, index or build_index(inventory))
     if problem is not None:
-        return HostDecision(
-            host, Action.SKIPPED, MALFORMED_DATA, previous.orphaned_since, previous.conflict, error=problem
-        )
+        reason = ADDRESSES_KEPT if problem.startswith(ADDRESSES_KEPT_NOTE) else MALFORMED_DATA
+        return HostDecision(host, Action.SKIPPED, reason, previous.orphaned_since, previous.conflict, error=problem)
     return HostDecision(host, previous.action, previous.reason, previous.orphaned_since, previous.conflict, steps)
 
 

@@ -19,6 +19,7 @@ from job.core.ipam import (
     block_data,
     tunnel_handle_node,
 )
+from job.core.kept import ALTERNATE, VM_HANDLE_MARK, VM_NAME
 from job.core.leaks import Allocation, pod_attribution
 from job.core.model import IpamBlock, Owners
 
@@ -58,6 +59,9 @@ class BlockScan:
     # An IP as (version, number); an adapter may give a faster one than the pure core has.
     parse_ip: Callable[[str], tuple[int, int] | None] = address_number
     wanted: set[str] = field(default_factory=set)
+    # Allocations a KubeVirt VM or a live migration owns, as (cidr, ordinal, attribute): kept.py
+    # decides whether each stays, and the audit lists them.
+    owned_specially: list[tuple[str, int, Mapping[str, Any]]] = field(default_factory=list)
     _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
@@ -91,6 +95,8 @@ class BlockScan:
             node = secondary.get("node") if isinstance(secondary, dict) else None
             if not isinstance(node, str):
                 node = None
+            if (node and VM_NAME in secondary) or ALTERNATE in attribute or (handle and VM_HANDLE_MARK in handle):
+                self.owned_specially.append((cidr, ordinal, attribute))
             owner = node or tunnel_handle_node(handle)
             if owner and owner == host:
                 mine |= 1 << ordinal
@@ -162,7 +168,8 @@ class BlockScan:
                     names = pod_attribution(attribute, handle, self.live_nodes, self.calico2)
                     if names is not None:
                         node, namespace, pod = names
-                        allocation = Allocation(ip_of(ordinal), block.cidr, ordinal, handle, node, namespace, pod)
+                        ip = ip_of(ordinal)
+                        allocation = Allocation(ip, block.cidr, ordinal, handle, node, namespace, pod, attribute)
                         self.pod_ips[(namespace, pod)].append(allocation)
 
 

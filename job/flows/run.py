@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import structlog
 
@@ -30,6 +30,7 @@ from job.config import Config, effective
 from job.core.audit import ipam_audit, with_outcomes
 from job.core.health import HealthInputs, after_writes, at_or_above, diagnose, log_conflicts
 from job.core.ipam import stale_handles
+from job.core.kept import KubeVirt
 from job.core.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
 from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, PodInfo
 from job.core.plan import HANDLE_REPAIRED, plan_run
@@ -86,6 +87,17 @@ class NodeSource(NodeChecker, Protocol):
     def pod(self, namespace: str, name: str) -> PodInfo | None: ...
 
     def allowed(self, verb: str, group: str, resource: str, namespace: str, name: str) -> bool | None: ...
+
+    def kubevirt(self) -> KubeVirt: ...
+
+
+class KubernetesRead(NamedTuple):
+    """What a run reads of the Kubernetes API beside the datastore."""
+
+    nodes: tuple[KubeNode, ...]
+    health: HealthInputs
+    kubevirt: KubeVirt
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -280,19 +292,20 @@ def _release(lock: Lock, stopping: bool) -> None:
         raise released.exception()  # type: ignore[misc]
 
 
-def _node_names(kube_read: Future[tuple[tuple[KubeNode, ...], HealthInputs, float]]) -> set[str]:
+def _node_names(kube_read: Future[KubernetesRead]) -> set[str]:
     """The Kubernetes Node names, for the datastore read (which waits for them: see Datastore.read)."""
-    return {node.name for node in kube_read.result()[0]}
+    return {node.name for node in kube_read.result().nodes}
 
 
-def _read_kubernetes(deps: Dependencies, config: Config) -> tuple[tuple[KubeNode, ...], HealthInputs, float]:
-    """The Nodes, the health inputs and the seconds they took. It only reads: what is logged and
-    recorded of it is done by the run that awaits it, so that a read the run abandoned (the
-    datastore failed first, or a stop came) says nothing after the run has finished."""
+def _read_kubernetes(deps: Dependencies, config: Config) -> KubernetesRead:
+    """The Nodes, the health inputs, KubeVirt's VMs and the seconds they took. It only reads: what
+    is logged and recorded of it is done by the run that awaits it, so that a read the run
+    abandoned (the datastore failed first, or a stop came) says nothing after the run has finished."""
     started = time.perf_counter()
     listed = deps.nodes.list_nodes()
     inputs = deps.health(config)
-    return listed, inputs, time.perf_counter() - started
+    kubevirt = deps.nodes.kubevirt()
+    return KubernetesRead(listed, inputs, kubevirt, time.perf_counter() - started)
 
 
 def _leaked(
@@ -366,10 +379,12 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     # What the read keeps lives to the end of the run: frozen out of the cyclic collector's passes,
     # which the plan and the report made walk it again and again (0.07 s at 5,000 hosts).
     gc.freeze()
-    kube_nodes, health_inputs, timings["kubernetes_read"] = _await(
+    kube_nodes, health_inputs, kubevirt, timings["kubernetes_read"] = _await(
         deps, "the Kubernetes Nodes and calico-node pods", kube_read
     )
-    log.info("kubernetes_read", nodes=len(kube_nodes))
+    log.info("kubernetes_read", nodes=len(kube_nodes), kubevirt_vms=None if kubevirt.vms is None else len(kubevirt.vms))
+    if kubevirt.why:
+        log.warning("kubevirt_unknown", why=kubevirt.why, effect="every VM address is kept this run")
     record.k8s_node_count = len(kube_nodes)
     described = deps.datastore.describe()  # now with what the read found out (the Calico API group)
     log.info(
@@ -418,14 +433,18 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
         if unread:
             more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", deps.datastore.handles, sorted(unread))
             handles = {**handles, **more}
-    plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale)
+    plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale, kubevirt)
+    keep = plan.keep
+    assert keep is not None, "plan_run always gives the rule"
+    if leaked is not None:  # a VM's address, or one a live migration's other pod holds, is no leak
+        leaked = [allocation for allocation in leaked if keep.reason(allocation.attribute) is None]
     busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
     leak_plan = None
     if leaked is not None:
         blocks = {block.cidr: block for block in inventory.blocks}
         leak_plan = plan_leaks(leaked, blocks, handles, grace_state, now, config, busy)
     sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
-    record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan)
+    record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan, keep)
     record.health = diagnose(
         health_inputs,
         kube_nodes,

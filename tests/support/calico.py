@@ -115,7 +115,12 @@ class CalicoSeed:
         kind: str | None = None,
         pod: str | None = None,
         namespace: str | None = None,
+        vm: str | None = None,
+        alternate: dict[str, str] | None = None,
     ) -> None:
+        """An allocation as Calico's CNI plugin writes it; `vm`: a KubeVirt virt-launcher pod's, whose
+        owner attributes name the VM (cni-plugin's ipam_plugin.go, vmipam); `alternate`: a live
+        migration's target pod (alternateOwnerAttrs)."""
         address = ipaddress.ip_address(ip)
         cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
         block = self.blocks[cidr]
@@ -125,7 +130,13 @@ class CalicoSeed:
             secondary["type"] = kind
         if pod and namespace:
             secondary.update(namespace=namespace, pod=pod, timestamp="2026-01-01 00:00:00 +0000 UTC")
-        block["attributes"].append({"handle_id": handle, "secondary": secondary})
+        if vm:
+            uid = hashlib.sha256(f"{namespace}/{vm}".encode()).hexdigest()
+            secondary.update({"vmi-name": vm, "vmi-uid": uid[:32], "vm-uid": uid[32:]})
+        attribute: dict[str, Any] = {"handle_id": handle, "secondary": secondary}
+        if alternate:
+            attribute["alternateOwnerAttrs"] = alternate
+        block["attributes"].append(attribute)
         block["allocations"][ordinal] = len(block["attributes"]) - 1
         block["unallocated"].remove(ordinal)
         block["sequenceNumber"] += 1

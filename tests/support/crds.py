@@ -157,6 +157,15 @@ def calico(*files: str, directory: Path = SHARED) -> tuple[Crd, ...]:
     return tuple(crd for name in files if (directory / name).is_file() for crd in load(directory / name))
 
 
+# KubeVirt's two kinds as KubeVirt serves them (kubevirt.io/v1, namespaced, with a status subresource);
+# their schemas are not at hand, so these keep whatever is sent.
+_OPEN = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+KUBEVIRT = (
+    Crd("kubevirt.io", "v1", "virtualmachines", "VirtualMachine", True, True, _OPEN),
+    Crd("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True, _OPEN),
+)
+
+
 def available(directory: Path = SHARED) -> bool:
     return (directory / V1_FILE).is_file() and (directory / V3_FILE).is_file()
 

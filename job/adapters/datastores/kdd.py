@@ -187,10 +187,9 @@ class KddDatastore:
 
     def _choose(self) -> tuple[CalicoApiGroup, str]:
         try:
-            listed = self._kube.request("GET", "/apis").get("groups")
+            served = self._kube.served_groups()
         except KubeError as error:
             raise DatastoreError(f"discovery of the Calico API group failed: {error}", error.kind) from error
-        served = {g.get("name") for g in listed if isinstance(g, dict)} if isinstance(listed, list) else set()
         v1, v3 = V1.name in served, V3.name in served
         said = " and ".join(g.name for g in (V1, V3) if g.name in served) or "neither Calico group"
         if self._setting:
