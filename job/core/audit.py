@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence, Set
+from datetime import timedelta
 from typing import Any
 
 from job.core.inventory import Inventory
 from job.core.ipam import StaleHandle, address_in
 from job.core.kept import ALTERNATE, ALTERNATE_GONE, Keep, owner, vm_of
 from job.core.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
-from job.core.model import HandleRepair
+from job.core.model import Cooldown, HandleRepair, parse_time
 from job.core.plan import HANDLE_REPAIRED
 from job.core.report import timestamp
 from job.core.scan import BlockScan
@@ -49,6 +50,7 @@ def ipam_audit(
     leaked: Sequence[Allocation] | None = None,
     leak_plan: LeakPlan | None = None,
     keep: Keep | None = None,
+    cooldown: Cooldown | None = None,
 ) -> dict[str, Any]:
     """`scan`: the pass over every block; `repairs`: what this run plans for each stale handle;
     `leaked`: pod IPs no pod holds (None: pods not listed), and `leak_plan` what this run does
@@ -97,7 +99,31 @@ def ipam_audit(
         "dangling_allocations": _found(dangling, key=lambda d: d["ip"]),
         "leaked_ips": _leaks(leaked, leak_plan),
         "vm_addresses": _owned_specially(scan, keep or Keep(live_nodes)),
+        "cooling": _cooling(scan, cooldown),
         "next_step": NEXT_STEP,
+    }
+
+
+def _cooling(scan: BlockScan, cooldown: Cooldown | None) -> dict[str, Any]:
+    """Addresses in IP cooldown: released, not yet free, never anyone's garbage. A block whose
+    cooled addresses nothing has freed for twice the cooldown is listed: Calico frees them on
+    its next write of the block, and kube-controllers' backstop writes such blocks."""
+    count = sum(found for found, _ in scan.cooling.values())
+    times = [t for _, first in scan.cooling.values() if (t := parse_time(first)) is not None]
+    oldest = min(times, default=None)
+    stuck = []
+    if cooldown is not None:
+        limit = cooldown.now - 2 * timedelta(seconds=cooldown.seconds)
+        for cidr, (found, first) in sorted(scan.cooling.items()):
+            released = parse_time(first)
+            if released is not None and released < limit:
+                stuck.append({"cidr": cidr, "cooling": found, "oldest_released_at": timestamp(released)})
+    return {
+        "count": count,
+        "cooldown_s": None if cooldown is None else cooldown.seconds,
+        "oldest_released_at": timestamp(oldest),
+        "oldest_age_s": None if oldest is None or cooldown is None else int((cooldown.now - oldest).total_seconds()),
+        "blocks_not_collected": _found(stuck, key=lambda b: b["cidr"]),
     }
 
 

@@ -34,3 +34,5 @@ class Inventory:
     # The Kubernetes datastore: the workload endpoints are the pods themselves, so the leak check
     # clears the scan's bits with the listed pods' IPs before it names what is left.
     pods_are_endpoints: bool = False
+    # IPAMConfig's ipCooldownSeconds (0 when unset); None where the read could not tell (docs/calico-data.md).
+    ip_cooldown: int | None = None

@@ -15,11 +15,23 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from itertools import repeat
 from typing import Any
 
 from job.core.kept import Keep
-from job.core.model import CalicoHost, IpamBlock, IpamHandle, JsonObject, Owners, Step, StoredItem, Write
+from job.core.model import (
+    CalicoHost,
+    Cooldown,
+    IpamBlock,
+    IpamHandle,
+    JsonObject,
+    Owners,
+    Step,
+    StoredItem,
+    Write,
+    parse_time,
+)
 
 WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
 TUNNEL_HANDLE_PREFIXES = (
@@ -178,12 +190,38 @@ def _bump_sequence(block: JsonObject) -> None:
         block["sequenceNumber"] += 1
 
 
-def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[JsonObject, Counter[str]]:
+RELEASED_AT = "releasedAt"  # IP cooldown: the attribute a released address points at until it has cooled
+
+
+def is_cooling(attribute: Mapping[str, object]) -> bool:
+    """An address in cooldown: released, pointed at an attribute holding only when."""
+    return RELEASED_AT in attribute and not attribute.get("handle_id")
+
+
+def _cooled(attribute: Mapping[str, object], cooldown: Cooldown) -> bool:
+    """Whether a cooling address has waited out the cooldown (Calico's garbageCollect: released
+    before now - cooldown, with a millisecond's leeway so that 0 frees at once)."""
+    released = parse_time(attribute.get(RELEASED_AT))
+    limit = cooldown.now - timedelta(seconds=cooldown.seconds) + timedelta(milliseconds=1)
+    return released is not None and released < limit
+
+
+def release(
+    block: Mapping[str, object], ordinals: Collection[int], cooldown: Cooldown | None = None
+) -> tuple[JsonObject, Counter[str]]:
     """Free `ordinals` in a copy of `block`; return it and how many IPs each handle lost.
 
     Windows-reserved allocations are never freed. Attributes whose every reference was
-    freed are dropped and the remaining allocations renumbered, as libcalico-go does.
+    freed are dropped and the remaining allocations renumbered, as libcalico-go does. With a
+    cooldown above 0 the addresses are released as Calico releases them: pointed at one new
+    attribute holding only `releasedAt` (now), not freed until they have cooled.
     """
+    if cooldown is not None and cooldown.seconds > 0:
+        return _release_to_cooldown(block, ordinals, cooldown)
+    if cooldown is not None:  # a cooldown of 0: freed at once, and whatever cools is freed too
+        freed_now, lost = release(block, ordinals)
+        collect_cooled(freed_now, cooldown)
+        return freed_now, lost
     # Shallow copy; every field changed below gets a fresh container, so `block` is untouched.
     new: JsonObject = dict(block)
     allocations: list[int | None] = list(new["allocations"])
@@ -221,6 +259,60 @@ def release(block: Mapping[str, object], ordinals: Collection[int]) -> tuple[Jso
         new["attributes"] = [attributes[index] for index in kept]
     _bump_sequence(new)
     return new, handles
+
+
+def _release_to_cooldown(
+    block: Mapping[str, object], ordinals: Collection[int], cooldown: Cooldown
+) -> tuple[JsonObject, Counter[str]]:
+    """release() with a cooldown: the ordinals point at a new cooldown attribute; then what has
+    cooled anywhere in the block is freed, as Calico's garbageCollect does on every block write."""
+    new: JsonObject = dict(block)
+    allocations: list[int | None] = list(new["allocations"])
+    attributes: list[JsonObject] = list(new.get("attributes") or [])
+    handles: Counter[str] = Counter()
+    cooling: int | None = None
+    for ordinal in sorted(ordinals):
+        index = allocations[ordinal]
+        if index is None or is_cooling(attributes[index]):
+            continue  # not allocated, or already in cooldown: Calico's release is a no-op there
+        if attributes[index].get("handle_id") == WINDOWS_RESERVED_HANDLE:
+            continue
+        handle_id = attributes[index].get("handle_id")
+        if isinstance(handle_id, str) and handle_id:
+            handles[handle_id] += 1
+        if cooling is None:
+            attributes.append({RELEASED_AT: cooldown.now.strftime("%Y-%m-%dT%H:%M:%SZ")})
+            cooling = len(attributes) - 1
+        allocations[ordinal] = cooling
+    if cooling is None:
+        return dict(block), handles
+    new["allocations"], new["attributes"] = allocations, attributes
+    collect_cooled(new, cooldown)
+    _bump_sequence(new)
+    return new, handles
+
+
+def collect_cooled(block: JsonObject, cooldown: Cooldown) -> None:
+    """In place, as Calico's garbageCollect: free each address whose cooldown is over (onto
+    `unallocated`, its sequence number dropped), then drop the attributes nothing refers to and
+    renumber the allocations."""
+    allocations: list[int | None] = list(block["allocations"])
+    attributes: list[JsonObject] = list(block.get("attributes") or [])
+    unallocated = list(block.get("unallocated") or [])
+    sequence_by_ordinal = block.get("sequenceNumberForAllocation")
+    if isinstance(sequence_by_ordinal, dict):
+        sequence_by_ordinal = block["sequenceNumberForAllocation"] = dict(sequence_by_ordinal)
+    for ordinal, index in enumerate(allocations):
+        if index is not None and is_cooling(attributes[index]) and _cooled(attributes[index], cooldown):
+            allocations[ordinal] = None
+            unallocated.append(ordinal)
+            if isinstance(sequence_by_ordinal, dict):
+                sequence_by_ordinal.pop(str(ordinal), None)
+    used = sorted({index for index in allocations if index is not None})
+    renumbered = {old: position for position, old in enumerate(used)}
+    block["allocations"] = [None if index is None else renumbered[index] for index in allocations]
+    block["attributes"] = [attributes[index] for index in used]
+    block["unallocated"] = unallocated
 
 
 def allocate(block: Mapping[str, object], wanted: Mapping[int, Mapping[str, object]]) -> JsonObject:
@@ -370,6 +462,7 @@ class IpamIndex:
     malformed_networks: list[IpNetwork] = field(default_factory=list)
     networks: Networks = field(default_factory=Networks)
     keep: Keep | None = None  # allocations that stay whatever their node says (kept.py)
+    cooldown: Cooldown | None = None  # IP cooldown, where the datastore's IPAMConfig was read
 
     @classmethod
     def build(
@@ -378,8 +471,9 @@ class IpamIndex:
         handles: Mapping[str, IpamHandle],
         malformed_blocks: Iterable[str] = (),
         keep: Keep | None = None,
+        cooldown: Cooldown | None = None,
     ) -> IpamIndex:
-        index = cls(handles=handles, keep=keep)
+        index = cls(handles=handles, keep=keep, cooldown=cooldown)
         for block in blocks:
             index._add(block)
         for cidr in malformed_blocks:
@@ -397,7 +491,7 @@ class IpamIndex:
         blocks that changed (equal to `build` over the whole inventory, which cost 50 ms a
         conflict at 5,000 hosts). The lists it changes are copies: this index is not changed."""
         index = IpamIndex(dict(self.blocks), handles, defaultdict(list, self.owned), defaultdict(list, self.affine))
-        index.keep = self.keep
+        index.keep, index.cooldown = self.keep, self.cooldown
         index.malformed_networks = list(self.malformed_networks)
         index.networks = self.networks.copy()
         for cidr in dict.fromkeys([*blocks, *malformed]):
@@ -529,6 +623,10 @@ def _edit_block(
         data = after = block_data(block)
         if ordinals:
             data, freed = release(data, ordinals)
+            goes = is_empty(data) and (affinity_host(data) == host.name or data.get("affinity") is None)
+            if not goes and index.cooldown is not None:
+                # A block that stays: its addresses are released as Calico releases them (cooldown).
+                data, freed = release(block_data(block), ordinals, index.cooldown)
             after = data
             actions.append(f"release {sum(freed.values())} IPs")
         if affinity_host(data) == host.name:
@@ -538,6 +636,8 @@ def _edit_block(
                 actions.append("delete the empty block")
             else:
                 after = without_affinity(data)
+                if index.cooldown is not None:
+                    collect_cooled(after, index.cooldown)  # any block written: what has cooled is freed
                 writes.append(_write(block.item, after))
                 actions.append("keep the block, which still lends IPs, without affinity")
         elif freed:

@@ -14,8 +14,17 @@ from datetime import datetime
 from typing import Any
 
 from job.config import Config
-from job.core.ipam import block_data, dump, handle_problem, held_by, lowered_handle, normal_cidr, parse_handle, release
-from job.core.model import IpamBlock, IpamHandle, PodInfo, Step, Write
+from job.core.ipam import (
+    block_data,
+    dump,
+    handle_problem,
+    held_by,
+    lowered_handle,
+    normal_cidr,
+    parse_handle,
+    release,
+)
+from job.core.model import Cooldown, IpamBlock, IpamHandle, PodInfo, Step, Write
 
 # What a run does about a leaked IP (the report's audit.leaked_ips.sample[].action).
 LEAK_WAITING = "waiting_grace"
@@ -112,6 +121,7 @@ def plan_leaks(
     now: datetime,
     config: Config,
     busy: Set[str],
+    cooldown: Cooldown | None = None,
 ) -> LeakPlan:
     """What to do about each leaked IP. `busy`: keys a host of this run writes anyway."""
     actions: dict[str, str] = {}
@@ -138,7 +148,7 @@ def plan_leaks(
         if taken + len(allocations) > config.max_leak_releases:
             actions.update((a.ip, LEAK_DEFERRED) for a in allocations)
             continue
-        step = _release_step(blocks[cidr], allocations, handles)
+        step = _release_step(blocks[cidr], allocations, handles, cooldown)
         if step is None:
             actions.update((a.ip, LEAK_DEFERRED) for a in allocations)
             continue
@@ -149,11 +159,11 @@ def plan_leaks(
 
 
 def _release_step(
-    block: IpamBlock, allocations: Sequence[Allocation], handles: Mapping[str, IpamHandle]
+    block: IpamBlock, allocations: Sequence[Allocation], handles: Mapping[str, IpamHandle], cooldown: Cooldown | None
 ) -> Step | None:
     """The block with the leaked IPs freed, and each of their handles lowered to what the block
     holds for it then (absolute, never raised), handles first; None if a handle is unreadable."""
-    released, _ = release(block_data(block), {a.ordinal for a in allocations})
+    released, _ = release(block_data(block), {a.ordinal for a in allocations}, cooldown)
     writes = []
     for handle_id in sorted({a.handle for a in allocations}):
         handle = handles.get(handle_id)

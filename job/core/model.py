@@ -29,6 +29,15 @@ def parse_time(text: object) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+@dataclass(frozen=True)
+class Cooldown:
+    """IPAMConfig's `ipCooldownSeconds` (0-1200) and the run's clock: how Calico 3.32+ releases an
+    address (libcalico-go/lib/ipam/ipam_block.go, `release`, `garbageCollect`; core/ipam.py)."""
+
+    seconds: int
+    now: datetime
+
+
 @dataclass(frozen=True, slots=True)
 class StoredItem:
     """One datastore entry as read: its key, the revision to compare on, the raw value.
@@ -269,6 +278,7 @@ class Plan:
     orphans: frozenset[str]
     repairs: tuple[HandleRepair, ...] = ()
     keep: Keep | None = None  # the run's rule for addresses that stay (kept.py): re-plans use it too
+    cooldown: Cooldown | None = None  # IP cooldown, where it is known: releases follow it, re-plans too
 
     @property
     def refused(self) -> bool:

@@ -27,6 +27,7 @@ from job.core.model import (
     Action,
     BlockAffinity,
     CalicoHost,
+    Cooldown,
     GuardFinding,
     HandleRepair,
     HostDecision,
@@ -238,8 +239,8 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
     return tuple(steps), None
 
 
-def build_index(inventory: Inventory, keep: Keep | None = None) -> IpamIndex:
-    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks, keep)
+def build_index(inventory: Inventory, keep: Keep | None = None, cooldown: Cooldown | None = None) -> IpamIndex:
+    return IpamIndex.build(inventory.blocks, inventory.handles, inventory.malformed_blocks, keep, cooldown)
 
 
 def plan_run(
@@ -268,7 +269,8 @@ def plan_run(
     conflicted = {c.orphan for c in conflicts if c.orphan is not None}
     guards = check_guards(inventory, kube_nodes, len(orphans), config)
     keep = Keep(frozenset(k8s_names), kubevirt)
-    index = build_index(inventory, keep)
+    cooldown = None if inventory.ip_cooldown is None else Cooldown(inventory.ip_cooldown, now)
+    index = build_index(inventory, keep, cooldown)
     next_state: dict[str, datetime] = {}
     eligible: list[tuple[Orphan, datetime, bool]] = []
     for orphan in orphans:
@@ -305,7 +307,7 @@ def plan_run(
     decisions.sort(key=lambda d: d.host.name)
     repairs, sightings = plan_handle_repairs(stale, decisions, grace_state, now, config)
     next_state.update(sightings)
-    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names, repairs, keep)
+    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names, repairs, keep, cooldown)
 
 
 def handle_sighting(finding: StaleHandle) -> str:

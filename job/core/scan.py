@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from job.core.ipam import (
+    RELEASED_AT,
     Held,
     Networks,
     address_in,
@@ -62,6 +63,8 @@ class BlockScan:
     # Allocations a KubeVirt VM or a live migration owns, as (cidr, ordinal, attribute): kept.py
     # decides whether each stays, and the audit lists them.
     owned_specially: list[tuple[str, int, Mapping[str, Any]]] = field(default_factory=list)
+    # Addresses in IP cooldown, per block: how many, and the oldest `releasedAt` (RFC 3339, UTC).
+    cooling: dict[str, tuple[int, Any]] = field(default_factory=dict)
     _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
@@ -97,6 +100,10 @@ class BlockScan:
                 node = None
             if (node and VM_NAME in secondary) or ALTERNATE in attribute or (handle and VM_HANDLE_MARK in handle):
                 self.owned_specially.append((cidr, ordinal, attribute))
+            elif RELEASED_AT in attribute and not handle:
+                released = attribute[RELEASED_AT]
+                found, oldest = self.cooling.get(cidr, (0, released))
+                self.cooling[cidr] = (found + 1, min(oldest, released) if isinstance(released, str) else oldest)
             owner = node or tunnel_handle_node(handle)
             if owner and owner == host:
                 mine |= 1 << ordinal

@@ -183,7 +183,9 @@ def apply_plan(
     does a stop signal: the host in flight is finished, no new one is started."""
     results = []
     halted: str | None = None
-    run_index = cache(partial(build_index, inventory, plan.keep))  # for re-plans after conflicts, made at the first
+    run_index = cache(
+        partial(build_index, inventory, plan.keep, plan.cooldown)
+    )  # for re-plans after conflicts, made at the first
     for decision in plan.decisions:
         if decision.action is Action.WOULD_DELETE:
             if halted is None and stopping():

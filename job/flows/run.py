@@ -442,9 +442,9 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     leak_plan = None
     if leaked is not None:
         blocks = {block.cidr: block for block in inventory.blocks}
-        leak_plan = plan_leaks(leaked, blocks, handles, grace_state, now, config, busy)
+        leak_plan = plan_leaks(leaked, blocks, handles, grace_state, now, config, busy, plan.cooldown)
     sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
-    record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan, keep)
+    record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan, keep, plan.cooldown)
     record.health = diagnose(
         health_inputs,
         kube_nodes,

@@ -78,6 +78,7 @@ REQUIRED = (BLOCKS, AFFINITIES, HANDLES)  # every Calico 3.x on this datastore h
 # A DatastoreMigration (projectcalico.org/v3) moves a cluster's Calico data from v1 to v3: until
 # it is Complete, neither group is the whole truth (api/pkg/apis/projectcalico/v3/datastoremigration.go).
 MIGRATIONS, MIGRATION_DONE = "datastoremigrations", "Complete"
+MAX_IP_COOLDOWN_S = 1200  # IPAMConfig's ipCooldownSeconds: 0 to 1200 (its CRD)
 SPEC_VALUED = (BLOCKS, HANDLES)  # read as their spec (IPAM editing needs only it); others whole
 NODE_CONFIGS = ("felixconfigurations", "bgpconfigurations")  # named node.<name>
 NODE_BOUND = ("bgppeers", "hostendpoints", "caliconodestatuses")  # with spec.node
@@ -312,6 +313,7 @@ class KddDatastore:
         for plural in NODE_BOUND:
             self._list(plural, problems, partial(node_bound, plural), required=False)
         cluster, pools, kube_controllers = self._cluster(problems), self._pools(problems), self._kube_controllers()
+        ip_cooldown = self._ip_cooldown(problems)
         blocks, malformed = self._blocks(problems)
         scan: BlockScan | None = None
         live: Callable[[str], bool] = lambda _: False  # noqa: E731
@@ -352,6 +354,7 @@ class KddDatastore:
             kube_controllers=kube_controllers,
             scan=scan,
             pods_are_endpoints=True,
+            ip_cooldown=ip_cooldown,
         )
 
     def _blocks(self, problems: list[DataProblem]) -> tuple[list[IpamBlock], list[str]]:
@@ -442,6 +445,24 @@ class KddDatastore:
         specs = self._list("ippools", problems, lambda obj: msgspec.json.decode(obj.spec), required=False)
         cidrs = [spec.get("cidr") for spec in specs if isinstance(spec, dict)]
         return tuple(sorted(c for c in cidrs if isinstance(c, str)))
+
+    def _ip_cooldown(self, problems: list[DataProblem]) -> int | None:
+        """IPAMConfig `default`'s ipCooldownSeconds: 0 when unset or when there is no IPAMConfig (as
+        Calico reads it); None, said, where it cannot be read (then nothing in cooldown is freed
+        and releases free at once, as before Calico had a cooldown)."""
+        path = self.group.path("ipamconfigs", "default")
+        try:
+            config = self._kube.request("GET", path)
+        except KubeError as error:
+            if error.status == 404:
+                return 0
+            problems.append(DataProblem("unreadable", "ipamconfigs/default", f"not read: {error}"))
+            return None
+        seconds = (config.get("spec") or {}).get("ipCooldownSeconds", 0)
+        if type(seconds) is not int or not 0 <= seconds <= MAX_IP_COOLDOWN_S:
+            problems.append(DataProblem("malformed_value", "ipamconfigs/default", f"ipCooldownSeconds {seconds!r}"))
+            return None
+        return seconds
 
     def _kube_controllers(self) -> dict[str, object]:
         """Who else cleans: the kube-controllers Deployment and its node controller's leak grace."""

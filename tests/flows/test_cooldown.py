@@ -1,0 +1,112 @@
+"""IP cooldown (Calico 3.32+, IPAMConfig ipCooldownSeconds): a released address points at an
+attribute holding only `releasedAt` until it has cooled, and only then goes back on
+`unallocated` (libcalico-go/lib/ipam/ipam_block.go). calico-gc never frees one early, never
+counts one as garbage, releases in a block that stays as Calico does, and frees what has cooled in
+the blocks it writes anyway. On the Kubernetes datastore, in both API groups."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any
+
+from tests.adapters.test_kdd import GONE, kdd, seed_kdd
+from tests.conftest import NOW, Harness, hosts_by_name
+from tests.support.groups import Group
+from tests.support.kubeapi import KubeApiServer
+
+LIVE_A_BLOCK = "100-96-1-0-26"
+
+
+def cooldown(kubeapi: KubeApiServer, group: Group, seconds: int) -> None:
+    spec = {"autoAllocateBlocks": True, "strictAffinity": False, "ipCooldownSeconds": seconds}
+    kubeapi.put(f"{group.path}/{group.ipam_configs}", {"metadata": {"name": "default"}, "spec": spec})
+
+
+def cooling(kubeapi: KubeApiServer, group: Group, ordinals: tuple[int, ...], released_ago: timedelta) -> None:
+    """Addresses of live-a's block released `released_ago`, as Calico's release leaves them."""
+    block = copy.deepcopy(kubeapi.get(f"{group.path}/ipamblocks", LIVE_A_BLOCK))
+    assert block is not None
+    spec = block["spec"]
+    spec["attributes"].append({"releasedAt": (NOW - released_ago).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    for ordinal in ordinals:
+        spec["allocations"][ordinal] = len(spec["attributes"]) - 1
+        spec["unallocated"].remove(ordinal)
+    kubeapi.put(f"{group.path}/ipamblocks", block)
+
+
+def block_spec(kubeapi: KubeApiServer, group: Group) -> dict[str, Any]:
+    block = kubeapi.get(f"{group.path}/ipamblocks", LIVE_A_BLOCK)
+    assert block is not None
+    return dict(block["spec"])
+
+
+def test_a_cooling_address_is_no_garbage_and_is_never_freed_early(harness: Harness, group: Group) -> None:
+    """Cooling 2 minutes before the first run, with a 20-minute cooldown: at 16 minutes the ghost
+    pod's leak is released in the same block, and the cooling addresses stay all the same."""
+    seed_kdd(harness.kubeapi, group)
+    cooldown(harness.kubeapi, group, 1200)
+    cooling(harness.kubeapi, group, (30, 31), timedelta(minutes=2))
+    config = kdd(harness, apply=True, release_leaked_ips=True, max_leak_releases=50, grace_period=timedelta(hours=2))
+    for _ in range(3):  # 2, 10 and 18 minutes after the release
+        report, code = harness.run(config)
+        assert code == 0, report["errors"]
+        audit = report["audit"]
+        assert audit["cooling"]["count"] == 2 and audit["cooling"]["cooldown_s"] == 1200
+        assert audit["dangling_allocations"]["count"] == 0
+        assert {e["ip"] for e in audit["leaked_ips"]["sample"]} == {"100.96.1.9"}, "the ghost pod's only"
+        spec = block_spec(harness.kubeapi, group)
+        assert spec["allocations"][30] is not None and 30 not in spec["unallocated"]
+        harness.now += timedelta(minutes=8)
+    assert audit["cooling"]["oldest_age_s"] == 18 * 60 and audit["cooling"]["blocks_not_collected"]["count"] == 0
+    assert spec["allocations"][9] is not None and spec["attributes"][spec["allocations"][9]].get("releasedAt"), (
+        "the block was written meanwhile: the ghost's address went into cooldown beside them"
+    )
+
+
+def test_a_release_in_a_block_that_stays_is_a_cooldown_and_what_has_cooled_is_freed(
+    harness: Harness, group: Group
+) -> None:
+    """The gone node borrowed 100.96.1.40 from live-a's block: calico-gc writes that block anyway,
+    so it releases the address as Calico does (into cooldown) and frees what has cooled there."""
+    seed_kdd(harness.kubeapi, group)
+    cooldown(harness.kubeapi, group, 600)
+    cooling(harness.kubeapi, group, (30,), timedelta(minutes=11))  # cooled: 11 minutes > 10
+    cooling(harness.kubeapi, group, (31,), timedelta(minutes=4))  # still cooling
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    spec = block_spec(harness.kubeapi, group)
+    attributes = spec["attributes"]
+    borrowed = attributes[spec["allocations"][40]]
+    assert borrowed == {"releasedAt": "2026-11-30T12:00:00Z"}, "released as Calico does: into cooldown"
+    assert 40 not in spec["unallocated"]
+    assert spec["allocations"][30] is None and spec["unallocated"][-1] == 30, "cooled: freed"
+    assert "30" not in spec["sequenceNumberForAllocation"]
+    assert attributes[spec["allocations"][31]]["releasedAt"] == "2026-11-30T11:56:00Z", "still cooling: kept"
+    assert not any(a.get("handle_id") == "k8s-pod-network.cart-2" for a in attributes)
+    # The gone node's own blocks still go whole: a deleted block's addresses are no one's.
+    assert harness.kubeapi.get(f"{group.path}/ipamblocks", "100-96-9-0-26") is None
+    # The handle went with the address, at once, as Calico's release lowers it.
+    assert harness.kubeapi.get(f"{group.path}/ipamhandles", "k8s-pod-network.cart-2") is None
+
+
+def test_a_block_whose_cooled_addresses_nothing_frees_is_reported(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)
+    cooldown(harness.kubeapi, group, 300)
+    cooling(harness.kubeapi, group, (30,), timedelta(minutes=11))  # cooled long ago: kube-controllers not writing
+    report, code = harness.run(kdd(harness))
+    assert code == 0
+    stuck = report["audit"]["cooling"]["blocks_not_collected"]
+    assert stuck == {
+        "count": 1,
+        "sample": [{"cidr": "100.96.1.0/26", "cooling": 1, "oldest_released_at": "2026-11-30T11:49:00Z"}],
+    }
+    assert block_spec(harness.kubeapi, group)["allocations"][30] is not None, "a dry run writes nothing"
+
+
+def test_without_a_cooldown_a_release_frees_at_once(harness: Harness, group: Group) -> None:
+    seed_kdd(harness.kubeapi, group)  # no IPAMConfig: a cooldown of 0, as Calico reads it
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and report["audit"]["cooling"]["cooldown_s"] == 0
+    spec = block_spec(harness.kubeapi, group)
+    assert spec["allocations"][40] is None and 40 in spec["unallocated"]
