@@ -9,14 +9,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import ipaddress
+import json
 from datetime import timedelta
 from typing import Any
 
 from tests.adapters.test_kdd import GONE, LIVE_A, LIVE_B, cidr_name, kdd, seed_kdd, snapshot
 from tests.conftest import Harness, hosts_by_name
-from tests.support import crds
+from tests.support import calico, crds
 from tests.support.groups import Group
 from tests.support.kubeapi import KubeApiServer
+from tests.support.scenario import POD_ORPHAN, kops_cluster
 
 VMS = "/apis/kubevirt.io/v1/namespaces/vms"
 BLOCKS = ("100.96.1.0/26", "100.96.2.0/26", "100.96.9.0/26", "100.96.8.0/26")
@@ -197,3 +199,28 @@ def test_without_kubevirt_nothing_is_asked_beyond_discovery(harness: Harness, gr
     }
     assert harness.kubeapi.count("GET", "^/apis$") == 1, "one discovery a run"
     assert harness.kubeapi.count("GET", "kubevirt") == 0
+
+
+def test_on_etcd_a_vms_address_stays_when_its_last_node_is_deleted(harness: Harness) -> None:
+    """The same rule in the etcd datastore: the VM's address on the deleted node stays in its block
+    (kept without affinity), the rest of the node goes."""
+    scenario = kops_cluster()
+    scenario.seed.allocate(
+        "100.96.20.30",
+        "k8s-pod-network.vmi.vms.web",
+        POD_ORPHAN,
+        pod="virt-launcher-web-a1b2c",
+        namespace="vms",
+        vm="web",
+    )
+    harness.seed(scenario)
+    install_kubevirt(harness.kubeapi)
+    virtual_machine(harness.kubeapi, "web")
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and hosts_by_name(report)[POD_ORPHAN]["action"] == "deleted"
+    assert vm_states(report)["100.96.20.30"] == "vm_exists"
+    block = json.loads(calico.dump(harness.etcd.url)["/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"][0])
+    assert block["affinity"] is None
+    (attribute,) = [a for a in block["attributes"] if a.get("handle_id") == "k8s-pod-network.vmi.vms.web"]
+    assert block["allocations"][30] == block["attributes"].index(attribute)
+    assert "/calico/ipam/v2/handle/k8s-pod-network.vmi.vms.web" in calico.dump(harness.etcd.url)
