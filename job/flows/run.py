@@ -29,10 +29,11 @@ from job.adapters.state import Loaded, StateError, StateStore
 from job.config import Config, effective
 from job.core.audit import ipam_audit, with_outcomes
 from job.core.health import HealthInputs, after_writes, at_or_above, diagnose, log_conflicts
+from job.core.inventory import Inventory
 from job.core.ipam import stale_handles
 from job.core.kept import KubeVirt
-from job.core.leaks import LEAK_RELEASED, Allocation, plan_leaks, settle
-from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, PodInfo
+from job.core.leaks import LEAK_RELEASED, Allocation, LeakPlan, plan_leaks, settle
+from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, Plan, PodInfo
 from job.core.plan import HANDLE_REPAIRED, plan_run
 from job.core.report import Befores, RunRecord, build
 from job.core.scan import BlockScan, scan_blocks
@@ -368,24 +369,50 @@ def _save_state(state: StateStore, grace_state: Mapping[str, datetime], record: 
         return False
 
 
+class Decided(NamedTuple):
+    """What a run decided from its read: the hosts' plan, the leaks' plan and the grace state to keep."""
+
+    plan: Plan
+    leak_plan: LeakPlan | None
+    sightings: dict[str, datetime]
+
+
 def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
-    # The Kubernetes reads mostly wait on the API server: they run while etcd is read.
+    """One run, as its steps: read, decide, apply, settle (the plan itself is job/core's)."""
+    inventory, kube, grace_state = _read_all(config, deps, record)
+    decided = _decide(config, deps, record, inventory, kube, grace_state)
+    if decided.plan.refused:
+        for guard in decided.plan.guards:
+            log.error("refused", guard=guard.name, message=guard.message)
+        record.outcome = "refused"
+        return ExitCode.REFUSED
+    saved = _save_state(deps.state, decided.sightings, record)
+    if not config.apply:
+        return ExitCode.OK
+    repairs, leak_actions = _apply(config, deps, record, inventory, decided)
+    return _settle(deps, record, decided.sightings, repairs, leak_actions, saved)
+
+
+def _read_all(
+    config: Config, deps: Dependencies, record: RunRecord
+) -> tuple[Inventory, KubernetesRead, Mapping[str, datetime]]:
+    """The datastore, the Kubernetes side (read meanwhile: it mostly waits on the API server) and
+    the grace state, each logged and recorded."""
     timings = record.timings
     kube_read = _in_background(_read_kubernetes, deps, config)
     started = time.perf_counter()
-    names = partial(_node_names, kube_read)
-    inventory = _read(deps, "the Calico datastore", deps.datastore.read, names)
+    inventory = _read(deps, "the Calico datastore", deps.datastore.read, partial(_node_names, kube_read))
     timings["datastore_read"] = time.perf_counter() - started
     # What the read keeps lives to the end of the run: frozen out of the cyclic collector's passes,
     # which the plan and the report made walk it again and again (0.07 s at 5,000 hosts).
     gc.freeze()
-    kube_nodes, health_inputs, kubevirt, timings["kubernetes_read"] = _await(
-        deps, "the Kubernetes Nodes and calico-node pods", kube_read
-    )
-    log.info("kubernetes_read", nodes=len(kube_nodes), kubevirt_vms=None if kubevirt.vms is None else len(kubevirt.vms))
-    if kubevirt.why:
-        log.warning("kubevirt_unknown", why=kubevirt.why, effect="every VM address is kept this run")
-    record.k8s_node_count = len(kube_nodes)
+    kube = _await(deps, "the Kubernetes Nodes and calico-node pods", kube_read)
+    timings["kubernetes_read"] = kube.seconds
+    vms = None if kube.kubevirt.vms is None else len(kube.kubevirt.vms)
+    log.info("kubernetes_read", nodes=len(kube.nodes), kubevirt_vms=vms)
+    if kube.kubevirt.why:
+        log.warning("kubevirt_unknown", why=kube.kubevirt.why, effect="every VM address is kept this run")
+    record.k8s_node_count = len(kube.nodes)
     described = deps.datastore.describe()  # now with what the read found out (the Calico API group)
     log.info(
         "datastore_read",
@@ -412,11 +439,23 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     for problem in loaded.problems:
         log.warning("grace_state_problem", problem=problem)
         record.error("grace_state", problem)
-    grace_state = loaded.sightings
+    return inventory, kube, loaded.sightings
+
+
+def _decide(
+    config: Config,
+    deps: Dependencies,
+    record: RunRecord,
+    inventory: Inventory,
+    kube: KubernetesRead,
+    grace_state: Mapping[str, datetime],
+) -> Decided:
+    """The IPAM check, the hosts' plan, the leaks' plan and the health diagnosis (pure, but for the
+    pods list the leak check needs and the handles of leaked IPs a lean read did not keep)."""
     now = deps.clock()
     # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
-    reported = log_conflicts(health_inputs.pods or (), config.restart_threshold)
-    live_names = {n.name for n in kube_nodes}
+    reported = log_conflicts(kube.health.pods or (), config.restart_threshold)
+    live_names = {n.name for n in kube.nodes}
     scan = inventory.scan
     if scan is None:
         endpoint_ips = {ip for host in inventory.hosts for endpoint in host.workload_endpoints for ip in endpoint.ips}
@@ -426,28 +465,27 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
     started = time.perf_counter()
     leaked = _leaked(scan, inventory.blocks, deps, record)
-    timings["pods_list"] = time.perf_counter() - started
+    record.timings["pods_list"] = time.perf_counter() - started
     handles = inventory.handles
     if leaked:  # a lean read keeps no handle of a live pod: a leaked one is read now
         unread = {a.handle for a in leaked} - set(handles)
         if unread:
             more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", deps.datastore.handles, sorted(unread))
             handles = {**handles, **more}
-    plan = plan_run(inventory, kube_nodes, grace_state, now, config, reported, stale, kubevirt)
+    plan = plan_run(inventory, kube.nodes, grace_state, now, config, reported, stale, kube.kubevirt)
     keep = plan.keep
     assert keep is not None, "plan_run always gives the rule"
+    leak_plan = None
     if leaked is not None:  # a VM's address, or one a live migration's other pod holds, is no leak
         leaked = [allocation for allocation in leaked if keep.reason(allocation.attribute) is None]
-    busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
-    leak_plan = None
-    if leaked is not None:
+        busy = {w.key for d in plan.decisions for step in d.steps for w in step.writes}
         blocks = {block.cidr: block for block in inventory.blocks}
         leak_plan = plan_leaks(leaked, blocks, handles, grace_state, now, config, busy, plan.cooldown)
     sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
     record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan, keep, plan.cooldown)
     record.health = diagnose(
-        health_inputs,
-        kube_nodes,
+        kube.health,
+        kube.nodes,
         inventory.hosts,
         set(plan.orphans),
         now,
@@ -464,26 +502,40 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
             reason=decision.reason,
             conflict=decision.conflict,
         )
-    if plan.refused:
-        for guard in plan.guards:
-            log.error("refused", guard=guard.name, message=guard.message)
-        record.outcome = "refused"
-        return ExitCode.REFUSED
-    saved = _save_state(deps.state, sightings, record)
-    if not config.apply:
-        return ExitCode.OK
+    return Decided(plan, leak_plan, sightings)
+
+
+def _apply(
+    config: Config, deps: Dependencies, record: RunRecord, inventory: Inventory, decided: Decided
+) -> tuple[tuple[HandleRepair, ...], dict[str, str]]:
+    """The writes: the hosts, then the stale handles, then the leaked IPs; each failure recorded."""
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
-    record.decisions = apply_plan(plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set)
-    repairs, failures = apply_repairs(plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
+    record.decisions = apply_plan(
+        decided.plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set
+    )
+    repairs, failures = apply_repairs(decided.plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
     for failure in failures:
         record.error("unavailable", f"stale IPAM handle not repaired: {failure}")
     leak_actions: dict[str, str] = {}
-    if leak_plan is not None:
+    if decided.leak_plan is not None:
         leak_actions, failures = apply_leaks(
-            leak_plan.releases, deps.datastore, deps.nodes, still_held, deps.stopping.is_set
+            decided.leak_plan.releases, deps.datastore, deps.nodes, still_held, deps.stopping.is_set
         )
         for failure in failures:
             record.error("unavailable", f"leaked pod IPs not released: {failure}")
+    return repairs, leak_actions
+
+
+def _settle(
+    deps: Dependencies,
+    record: RunRecord,
+    sightings: dict[str, datetime],
+    repairs: Sequence[HandleRepair],
+    leak_actions: Mapping[str, str],
+    saved: bool,
+) -> ExitCode:
+    """After the writes: the report says what is true now, the grace state forgets what is done,
+    and the exit code says how it went."""
     record.audit = with_outcomes(record.audit, repairs, leak_actions)
     record.health = after_writes(record.health, {d.host.name for d in record.decisions if d.action is Action.DELETED})
     done = _settled_sightings(sightings, record.decisions, repairs, leak_actions)
