@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from job.adapters.datastores.kdd import KINDS
 from tests.adapters.test_kdd import GONE, kdd, seed_kdd, snapshot
 from tests.conftest import Harness, hosts_by_name
 from tests.support import crds, objects
@@ -95,19 +96,8 @@ def test_every_calico_kind_the_job_lists_is_filled_from_its_crd(kubeapi: KubeApi
     """The rewrite really adds every property: each kind's schema, walked, is all there."""
     seed_kdd(kubeapi, group)
     fill_everything(kubeapi)
-    listed = {
-        "ipamblocks",
-        "blockaffinities",
-        "ipamhandles",
-        "felixconfigurations",
-        "bgpconfigurations",
-        "bgppeers",
-        "hostendpoints",
-        "caliconodestatuses",
-        "clusterinformations",
-        "ippools",
-        "kubecontrollersconfigurations",
-    }
+    # What the job lists: the kinds it may remove, and the three it only reads.
+    listed = {*KINDS, "clusterinformations", "ippools", "kubecontrollersconfigurations"}
     for plural in listed:
         collection = f"{group.path}/{plural}"
         crd = kubeapi.crd_of(collection)
