@@ -376,7 +376,8 @@ OPTIONS: tuple[Option, ...] = (
         "--cluster-name",
         "CALICO_GC_CLUSTER_NAME",
         None,
-        "The cluster label of pushed metrics (default: the Calico cluster GUID).",
+        "The cluster label of pushed metrics and their Pushgateway group: set one per cluster for a fleet "
+        "(default: 'default'; the Calico cluster GUID is calico_gc_info's label).",
         metavar="NAME",
     ),
 )

@@ -1,4 +1,9 @@
-"""Push one run's metrics to a Prometheus Pushgateway. A failed push warns; it never fails a run."""
+"""Push one run's metrics to a Prometheus Pushgateway. A failed push warns; it never fails a run.
+
+Two groups, both under {job="calico-gc", cluster}: the run's own (`pushadd`: a failed run replaces
+only what it pushes, so the last success stays), and the affected nodes' (`scope="nodes"`, `push`:
+replaced whole each run that diagnosed health, so a node that recovered has no series any more).
+Rules: manifests/prometheus/calico-gc.rules.yaml (docs/runbook.md, "Alerts")."""
 
 from __future__ import annotations
 
@@ -6,16 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from job.core.model import parse_time
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 log = structlog.get_logger("calico_gc.metrics")
 JOB = "calico-gc"
+DEFAULT_CLUSTER = "default"  # the `cluster` label when --cluster-name is unset: never from the datastore
 PUSH_TIMEOUT_S = 10.0
 HEALTH_LEVELS = {"ok": 0, "degraded": 1, "critical": 2}
 
 
-def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool) -> CollectorRegistry:
+def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool, grace_s: float = 0.0) -> CollectorRegistry:
     """The run's gauges; `last_success` is only in the registry when the run succeeded, and
     pushadd (POST) replaces only the metrics pushed, so a failed run keeps the last value."""
     # Imported by a run that pushes, not by every run: prometheus_client costs 24 ms to import.
@@ -65,6 +73,21 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool) -> 
     Gauge("calico_gc_health_status", "Network health: 0 ok, 1 degraded, 2 critical", registry=registry).set(
         HEALTH_LEVELS.get(health.get("status", "ok"), 0)
     )
+    Gauge("calico_gc_grace_period_seconds", "The grace period an orphan waits", registry=registry).set(grace_s)
+    oldest = _oldest_orphan_seconds(report)
+    if oldest is not None:  # none left: no sample, rather than a 0 that reads as "just orphaned"
+        Gauge(
+            "calico_gc_oldest_orphan_seconds", "How long the longest-waiting orphan has been seen", registry=registry
+        ).set(oldest)
+    guid = report["datastore"].get("cluster_guid")
+    if guid:
+        info = Gauge(
+            "calico_gc_info",
+            "The datastore this cluster label stands for",
+            ["cluster_guid", "datastore"],
+            registry=registry,
+        )
+        info.labels(cluster_guid=guid, datastore=report["datastore"]["type"]).set(1)
     Gauge("calico_gc_run_duration_seconds", "Duration of the last run", registry=registry).set(duration_s)
     Gauge("calico_gc_last_run_exit_code", "Exit code of the last run", registry=registry).set(report["exit_code"])
     if succeeded:
@@ -74,18 +97,71 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool) -> 
     return registry
 
 
-def push(gateway: str, cluster: str, report: dict[str, Any], duration_s: float, succeeded: bool) -> str | None:
-    """Push under the stable grouping key {job, cluster}; return the error text on failure."""
-    from prometheus_client import pushadd_to_gateway
+def _oldest_orphan_seconds(report: dict[str, Any]) -> float | None:
+    """Seconds since the longest-waiting orphan that is still there was first seen."""
+    finished = parse_time(report.get("finished_at"))
+    seen = [parse_time(h.get("orphaned_since")) for h in report["hosts"] if h["action"] != "deleted"]
+    oldest = min((s for s in seen if s is not None), default=None)
+    return None if finished is None or oldest is None else max((finished - oldest).total_seconds(), 0.0)
+
+
+def nodes_registry_for(report: dict[str, Any]) -> CollectorRegistry:
+    """The affected nodes' series, one per node (never all nodes): NetworkUnavailable ones, with
+    how long and the diagnosed cause, and calico-node pods not ready or crash-looping, with their
+    restart counts (rules take their increase)."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    health = report.get("health") or {}
+    causes = {f["node"]: f.get("cause") or "unknown" for f in health.get("calico_node") or [] if f.get("node")}
+    unavailable = Gauge(
+        "calico_gc_node_network_unavailable_seconds",
+        "How long a Node has been NetworkUnavailable (condition or taint), and the diagnosed cause",
+        ["node", "cause"],
+        registry=registry,
+    )
+    for node in health.get("network_unavailable") or []:
+        if node.get("duration_seconds") is not None:
+            unavailable.labels(node=node["node"], cause=causes.get(node["node"], "unknown")).set(
+                node["duration_seconds"]
+            )
+    # No cause label here: a cause found later would start a new series, and the rules take the
+    # increase of this one (the cause is on the NetworkUnavailable series and in the report).
+    restarts = Gauge(
+        "calico_gc_calico_node_restarts",
+        "Restarts of a calico-node pod that is not ready or crash-looping",
+        ["node", "namespace", "pod"],
+        registry=registry,
+    )
+    for finding in health.get("calico_node") or []:
+        restarts.labels(node=finding.get("node") or "", namespace=finding["namespace"], pod=finding["pod"]).set(
+            finding["restarts"]
+        )
+    return registry
+
+
+def push(
+    gateway: str, cluster: str, report: dict[str, Any], duration_s: float, succeeded: bool, grace_s: float = 0.0
+) -> str | None:
+    """Push under the stable grouping keys (module docstring); return the error text on failure."""
+    from prometheus_client import push_to_gateway, pushadd_to_gateway
 
     try:
         pushadd_to_gateway(
             gateway,
             job=JOB,
             grouping_key={"cluster": cluster},
-            registry=registry_for(report, duration_s, succeeded),
+            registry=registry_for(report, duration_s, succeeded, grace_s),
             timeout=PUSH_TIMEOUT_S,
         )
+        if report.get("health") is not None:  # diagnosed this run: what it says now replaces the last
+            push_to_gateway(
+                gateway,
+                job=JOB,
+                grouping_key={"cluster": cluster, "scope": "nodes"},
+                registry=nodes_registry_for(report),
+                timeout=PUSH_TIMEOUT_S,
+            )
         return None
     except (OSError, ValueError) as error:  # urllib errors are OSErrors
         log.warning("metrics_push_failed", gateway=gateway, error=str(error))

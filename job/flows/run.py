@@ -24,7 +24,7 @@ from job import __version__
 from job.adapters.datastores.base import Datastore, DatastoreError
 from job.adapters.keep import KeepError, worth_keeping
 from job.adapters.kube import KubeError
-from job.adapters.metrics import push
+from job.adapters.metrics import DEFAULT_CLUSTER, push
 from job.adapters.state import Loaded, StateError, StateStore
 from job.config import Config, effective
 from job.core.audit import ipam_audit, with_outcomes
@@ -194,12 +194,15 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     if config.events and deps.events is not None and not deps.stopping.is_set():
         _note_failure(report, "events", deps.events(report))
     if config.pushgateway:
-        cluster = config.cluster_name or record.datastore.get("cluster_guid") or "unknown"
+        # The group never depends on what the run read: a run that cannot read the datastore must
+        # land where its successes did (the GUID is calico_gc_info's label instead).
+        cluster = config.cluster_name or DEFAULT_CLUSTER
         duration = (finished - record.started_at).total_seconds()
+        grace = config.grace_period.total_seconds()
         _note_failure(
             report,
             "metrics_push",
-            push(config.pushgateway, str(cluster), report, duration, succeeded=code == ExitCode.OK),
+            push(config.pushgateway, cluster, report, duration, succeeded=code == ExitCode.OK, grace_s=grace),
         )
     keep(config, deps, report)
     log.info("run_finished", outcome=record.outcome, exit_code=int(code), summary=report["summary"])

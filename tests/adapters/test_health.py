@@ -1,19 +1,14 @@
-"""Network health diagnosis against the Kubernetes API test server, metrics pushed to a
-Pushgateway stand-in on loopback, and --fail-on exit codes."""
+"""Network health diagnosis against the Kubernetes API test server, and --fail-on exit codes
+(metrics and alerts on a real Pushgateway and Prometheus: tests/flows/test_alerting.py)."""
 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from job.cli import main
 from job.core.health import selector_matches
@@ -318,49 +313,7 @@ def test_label_selectors_follow_kubernetes_semantics() -> None:
     assert not selector_matches({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, labels)
 
 
-# Alerting: Pushgateway and --fail-on, through main()
-
-
-@dataclass
-class Pushgateway:
-    pushes: list[tuple[str, str, str]] = field(default_factory=list)
-    server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_port}"
-
-    def metrics(self, index: int = -1) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-        found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-        for family in text_string_to_metric_families(self.pushes[index][2]):
-            for sample in family.samples:
-                found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-        return found
-
-
-@pytest.fixture
-def pushgateway() -> Iterator[Pushgateway]:
-    gateway = Pushgateway()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
-            gateway.pushes.append((self.command, self.path, body))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_PUT = do_POST
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    gateway.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=gateway.server.serve_forever, daemon=True).start()
-    yield gateway
-    gateway.server.shutdown()
-    gateway.server.server_close()
+# --fail-on, through main() (metrics and alerts on real parts: tests/flows/test_alerting.py)
 
 
 def cli_env(harness: Harness, tmp_path: Path) -> dict[str, str]:
@@ -373,53 +326,6 @@ def cli_env(harness: Harness, tmp_path: Path) -> dict[str, str]:
         "CALICO_GC_GRACE_PERIOD": "0s",
         "CALICO_GC_OUTPUT": "json",
     }
-
-
-def test_metrics_are_pushed_under_a_stable_grouping_key(
-    harness: Harness, tmp_path: Path, pushgateway: Pushgateway, capsys: pytest.CaptureFixture[str]
-) -> None:
-    scenario = s.kops_cluster()
-    harness.seed(scenario)
-    healthy_pods(harness, scenario)
-    network_unavailable(harness.kubeapi, s.NEW_NODE, "2026-11-29T00:00:00Z")
-    assert main(["--pushgateway", pushgateway.url, "--cluster-name", "prod-eu"], cli_env(harness, tmp_path)) == 0
-    capsys.readouterr()
-    method, path, _ = pushgateway.pushes[-1]
-    assert (method, path) == ("POST", "/metrics/job/calico-gc/cluster/prod-eu")
-    metrics = pushgateway.metrics()
-    assert metrics["calico_gc_hosts"][(("action", "would_delete"),)] == 2
-    assert metrics["calico_gc_hosts"][(("action", "skipped"),)] == 1
-    assert metrics["calico_gc_ip_conflicts"][()] == 1
-    assert metrics["calico_gc_nodes_network_unavailable"][()] == 1
-    assert metrics["calico_gc_nodes_network_unavailable_stuck"][()] == 1
-    assert metrics["calico_gc_calico_node_crash_looping"][()] == 0
-    assert metrics["calico_gc_webhooks_blocking"][()] == 0
-    assert metrics["calico_gc_health_status"][()] == 2
-    assert metrics["calico_gc_run_duration_seconds"][()] >= 0
-    assert metrics["calico_gc_last_success_timestamp_seconds"][()] > 1.7e9
-
-
-def test_a_failed_run_does_not_touch_last_success(
-    harness: Harness, tmp_path: Path, pushgateway: Pushgateway, capsys: pytest.CaptureFixture[str]
-) -> None:
-    scenario = s.kops_cluster()
-    scenario.k8s_nodes = []  # the empty-list guard refuses: exit 3
-    harness.seed(scenario)
-    assert main(["--pushgateway", pushgateway.url], cli_env(harness, tmp_path)) == 3
-    capsys.readouterr()
-    metrics = pushgateway.metrics()
-    assert "calico_gc_last_success_timestamp_seconds" not in metrics
-    assert metrics["calico_gc_refused"][()] == 1 and metrics["calico_gc_last_run_exit_code"][()] == 3
-    assert pushgateway.pushes[-1][1] == "/metrics/job/calico-gc/cluster/a1b2c3d4e5f6", "cluster GUID by default"
-
-
-def test_a_failed_push_is_a_warning_not_a_failed_run(
-    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    harness.seed(s.kops_cluster())
-    assert main(["--pushgateway", "http://127.0.0.1:9"], cli_env(harness, tmp_path)) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["errors"][-1]["kind"] == "metrics_push"
 
 
 @pytest.mark.parametrize(
