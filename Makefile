@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop image lock clean
+.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop image lock clean prometheus-tools rules
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -50,11 +50,28 @@ $(HELM_STAMP): $(STAMP)
 	$(VENV)/helm/bin/pip install --quiet --disable-pip-version-check helm-python-sdk==$(HELM_SDK_VERSION)
 	@touch $@
 
-test: $(STAMP) $(HELM_STAMP)
+test: $(STAMP) $(HELM_STAMP) prometheus-tools
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) $(HELM_STAMP)
+test-fast: $(STAMP) $(HELM_STAMP) prometheus-tools
 	$(BIN)/python -m pytest -m "not slow"
+
+# Prometheus's own tools for the alert tests: promtool, a real Pushgateway and a real Prometheus,
+# Debian's packages (no PyPI package carries them). Installed here when missing and this is root
+# (as on these machines and in CI); elsewhere those tests skip, naming the packages.
+PROMETHEUS_PACKAGES := prometheus prometheus-pushgateway
+prometheus-tools:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus-pushgateway >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $(PROMETHEUS_PACKAGES) (Debian)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PROMETHEUS_PACKAGES) >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PROMETHEUS_PACKAGES) >/dev/null; }; \
+	  else echo "promtool and prometheus-pushgateway are missing: apt-get install $(PROMETHEUS_PACKAGES)"; fi; \
+	fi
+
+# The kustomize component's copy of the alerts, from the chart's rules file (the one source).
+rules: $(STAMP)
+	$(BIN)/python tools/rules.py
 
 # The README names Python 3.11, 3.12 and 3.13: the fast suite runs on the two besides this one, each
 # in a venv of its own, side by side (the suite mostly waits on etcd and subprocesses). The
@@ -70,10 +87,12 @@ test-python-%:
 	echo "fast suite on $$($$interp --version)"; \
 	$(MAKE) --no-print-directory test-fast PYTHON=$$interp VENV=.venv-$*
 
-OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply
+OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply examples/alerts
 
-lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION) $(HELM_STAMP)
+lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION) $(HELM_STAMP) prometheus-tools
 	$(BIN)/ruff check job tests bench demo tools
+	promtool check rules charts/calico-gc/files/calico-gc.rules.yaml
+	$(BIN)/python tools/rules.py --check  # the kustomize component's copy of the rules
 	$(BIN)/mypy
 	$(BIN)/lint-imports  # the layers and the pure core (pyproject.toml, [tool.importlinter])
 	@rm -rf $(VENV)/rendered && mkdir -p $(VENV)/rendered

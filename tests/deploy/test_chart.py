@@ -161,9 +161,40 @@ def test_host_networking_off_passes_the_baseline_checks() -> None:
         ({"maxDeletions": -1}, "maxDeletions"),
         ({"aply": True}, "aply"),
         ({"calicoApiGroup": "projectcalico.org/v1"}, "calicoApiGroup"),
+        ({"prometheusRule": {"labels": {"release": ["kube-prometheus-stack"]}}}, "prometheusRule"),
+        ({"prometheusRule": {"labels": {"not a label key": "x"}}}, "not a label key"),
+        ({"prometheusRule": {"enabled": "yes"}}, "prometheusRule"),
     ],
 )
 def test_the_schema_refuses_bad_values(values: dict[str, Any], field: str) -> None:
     done = helm("render", str(CHART), json.dumps(values), "calico-gc", "kube-system")
     assert done.returncode == 1 and field in done.stderr, done.stderr
     assert "\n" not in done.stderr.strip(), "one line"
+
+
+RULES = Path(__file__).resolve().parents[2] / "charts" / "calico-gc" / "files" / "calico-gc.rules.yaml"
+
+
+def test_the_prometheus_rule_is_off_by_default_and_renders_the_rules_file_when_on() -> None:
+    assert not [d for d in helm_render() if d["kind"] == "PrometheusRule"]
+    values = {
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, "namespace": "monitoring"}
+    }
+    (rule,) = [d for d in helm_render(values) if d["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "monitoring"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], "the one rules file, as it is"
+    # What the Operator's CRD requires of each rule group and rule.
+    for group in rule["spec"]["groups"]:
+        assert isinstance(group["name"], str) and group["rules"]
+        for each in group["rules"]:
+            assert ("alert" in each) != ("record" in each) and isinstance(each["expr"], str)
+            assert all(isinstance(v, str) for v in {**each.get("labels", {}), **each.get("annotations", {})}.values())
+
+
+def test_the_kustomize_component_renders_the_same_rules() -> None:
+    (rule,) = [d for d in render("examples/alerts") if d["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert rule["metadata"]["namespace"] == "kube-system" and rule["metadata"]["labels"]["release"]
+    checked = subprocess.run([sys.executable, "tools/rules.py", "--check"], cwd=RULES.parents[3], capture_output=True)
+    assert checked.returncode == 0, checked.stderr

@@ -16,7 +16,7 @@ from job.config import OPTIONS, Config, load
 from job.flows.run import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERLAYS = ["cronjob", "job", "examples/apply", "calico-2.x", "kdd", "no-host-network"]
+OVERLAYS = ["cronjob", "job", "examples/apply", "examples/alerts", "calico-2.x", "kdd", "no-host-network"]
 
 
 def kubectl() -> str:
