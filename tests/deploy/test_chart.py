@@ -5,6 +5,7 @@ own, and with default values it renders exactly what `manifests/cronjob` applies
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,8 @@ def test_the_schema_refuses_bad_values(values: dict[str, Any], field: str) -> No
 
 
 RULES = Path(__file__).resolve().parents[2] / "charts" / "calico-gc" / "files" / "calico-gc.rules.yaml"
+# The Prometheus Operator's Duration (its CRD's pattern for a rule's `for`).
+OPERATOR_DURATION = r"0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?"
 
 
 def test_the_prometheus_rule_is_off_by_default_and_renders_the_rules_file_when_on() -> None:
@@ -190,6 +193,7 @@ def test_the_prometheus_rule_is_off_by_default_and_renders_the_rules_file_when_o
         for each in group["rules"]:
             assert ("alert" in each) != ("record" in each) and isinstance(each["expr"], str)
             assert all(isinstance(v, str) for v in {**each.get("labels", {}), **each.get("annotations", {})}.values())
+            assert re.fullmatch(OPERATOR_DURATION, each.get("for", "0")), each  # monitoring/v1 Duration
 
 
 def test_the_kustomize_component_renders_the_same_rules() -> None:
