@@ -29,7 +29,7 @@ from job.config import Config, EtcdEndpoint
 from job.core.report import SCHEMA_PATH, write
 from job.flows.restore import restore
 from job.flows.run import Dependencies, keep, report_befores, run
-from tests.support import calico, calico2, crds
+from tests.support import calico, calico2, crds, prometheus
 from tests.support.etcd_server import EtcdServer
 from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
@@ -71,6 +71,16 @@ def etcd(etcd_server: EtcdServer) -> Iterator[EtcdServer]:
     yield etcd_server
     if etcd_server.process is None:
         etcd_server.start()
+
+
+@pytest.fixture
+def pushgateway(tmp_path: Path) -> Iterator[prometheus.Pushgateway]:
+    """A real Prometheus Pushgateway on loopback (Debian's prometheus-pushgateway)."""
+    prometheus.needs(prometheus.PUSHGATEWAY, "prometheus-pushgateway")
+    gateway = prometheus.pushgateway(tmp_path)
+    gateway.start()
+    yield gateway
+    gateway.stop()
 
 
 @pytest.fixture

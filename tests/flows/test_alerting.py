@@ -5,10 +5,8 @@ timelines (tests/prometheus/calico-gc.rules.test.yaml)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "calico-gc" / "files" / "calico-gc.rules.yaml"
 RULE_TESTS = ROOT / "tests" / "prometheus" / "calico-gc.rules.test.yaml"
 CONFLICT_LOG = "Calico node '{holder}' is already using the IPv4 address {ip}."
-
-
-def needs(binary: str | None, name: str) -> None:
-    """Debian's prometheus and prometheus-pushgateway: .ci/run installs them, so CI skips nothing."""
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (apt-get install prometheus prometheus-pushgateway)")
-        pytest.skip(f"{name} is not installed (apt-get install prometheus prometheus-pushgateway)")
-
-
-@pytest.fixture
-def pushgateway(tmp_path: Path) -> Iterator[prom.Pushgateway]:
-    needs(prom.PUSHGATEWAY, "prometheus-pushgateway")
-    gateway = prom.pushgateway(tmp_path)
-    gateway.start()
-    yield gateway
-    gateway.stop()
 
 
 def cli_env(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -66,7 +47,7 @@ def run(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str], *a
 
 
 def test_promtool_unit_tests_of_the_rules_pass() -> None:
-    needs(prom.PROMTOOL, "promtool")
+    prom.needs(prom.PROMTOOL, "promtool")
     checked = subprocess.run([prom.PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert checked.returncode == 0 and "SUCCESS: 10 rules found" in checked.stdout, checked.stdout + checked.stderr
     tested = subprocess.run(
@@ -77,7 +58,7 @@ def test_promtool_unit_tests_of_the_rules_pass() -> None:
 
 def test_a_rule_that_does_not_hold_fails_its_unit_test(tmp_path: Path) -> None:
     """The unit tests can fail: with the stuck-node threshold at 20 seconds, the rolling update fires."""
-    needs(prom.PROMTOOL, "promtool")
+    prom.needs(prom.PROMTOOL, "promtool")
     (tmp_path / "rules.yaml").write_text(
         RULES.read_text().replace(
             "calico_gc_node_network_unavailable_seconds >= 600", "calico_gc_node_network_unavailable_seconds >= 20"
@@ -197,7 +178,7 @@ def test_a_real_prometheus_scrapes_the_pushed_series_and_a_stuck_node_fires(
 ) -> None:
     """The shipped rules, their `for` shortened in a test copy, loaded in a real Prometheus that
     scrapes the real Pushgateway the job pushed to."""
-    needs(prom.PROMETHEUS, "prometheus")
+    prom.needs(prom.PROMETHEUS, "prometheus")
     scenario = s.kops_cluster()
     harness.seed(scenario)
     healthy_pods(harness, scenario)

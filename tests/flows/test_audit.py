@@ -12,10 +12,11 @@ import pytest
 
 from job.cli import main
 from tests.adapters.test_etcdv2 import seeded
-from tests.adapters.test_health import Pushgateway, cli_env, pushgateway  # noqa: F401 (a fixture)
+from tests.adapters.test_health import cli_env
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support import scenario as s
+from tests.support.prometheus import Pushgateway
 
 HOSTS_ASIDE = (re.escape(s.CONFLICT_ORPHAN), re.escape(s.POD_ORPHAN))
 WEB0_HANDLE_PREFIX = "/calico/ipam/v2/handle/k8s-pod-network."
@@ -69,18 +70,23 @@ def test_etcd_v2_pools_and_blocks_are_checked(harness: Harness) -> None:
 def test_the_ipam_check_is_pushed_as_metrics(
     harness: Harness,
     tmp_path: Path,
-    pushgateway: Pushgateway,  # noqa: F811
+    pushgateway: Pushgateway,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     garbage(harness)
     assert main(["--pushgateway", pushgateway.url], cli_env(harness, tmp_path)) == 0
     capsys.readouterr()
-    metrics = pushgateway.metrics()
-    assert metrics["calico_gc_ipam_pool_utilisation"][(("pool", "100.96.0.0/16"),)] == 0.0002
-    assert metrics["calico_gc_ipam_stale_handles"][()] == 1
-    assert metrics["calico_gc_ipam_dangling_allocations"][()] == 1
-    assert metrics["calico_gc_ipam_only_hosts"][()] == 0
-    assert metrics["calico_gc_ipam_leaked_ips"][()] == 0
+    runs = pushgateway.group(job="calico-gc", cluster="default")
+    assert runs is not None
+
+    def metric(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return Pushgateway.samples(runs, name)
+
+    assert metric("calico_gc_ipam_pool_utilisation")[(("pool", "100.96.0.0/16"),)] == 0.0002
+    assert metric("calico_gc_ipam_stale_handles")[()] == 1
+    assert metric("calico_gc_ipam_dangling_allocations")[()] == 1
+    assert metric("calico_gc_ipam_only_hosts")[()] == 0
+    assert metric("calico_gc_ipam_leaked_ips")[()] == 0
 
 
 def over_counted(harness: Harness) -> tuple[str, dict[str, object]]:
@@ -192,18 +198,25 @@ def test_dual_stack_on_etcd_v2_the_orphans_ipv6_block_goes_and_the_v6_pool_is_ch
     assert calico.ipam_problems(after) == []
 
 
-def test_the_readme_alert_rules_use_only_metrics_a_run_pushes(harness: Harness) -> None:
+def test_the_shipped_alert_rules_use_only_metrics_a_run_pushes(harness: Harness) -> None:
+    """Every series a rule reads is one a run pushes (or the Pushgateway's own push_time_seconds)."""
     import yaml
 
-    from job.adapters.metrics import registry_for
+    from job.adapters.metrics import nodes_registry_for, registry_for
 
     garbage(harness)
     report, _ = harness.run()
-    pushed = {metric.name for metric in registry_for(report, 1.0, succeeded=True).collect()}
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("A sample rule set:", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
-    rules = [rule for group in yaml.safe_load(block)["groups"] for rule in group["rules"]]
-    assert {"CalicoIpPoolAlmostFull", "CalicoIpamGarbage"} <= {rule["alert"] for rule in rules}
+    registries = (registry_for(report, 1.0, succeeded=True), nodes_registry_for(report))
+    pushed = {metric.name for registry in registries for metric in registry.collect()} | {"push_time_seconds"}
+    rules_file = Path(__file__).resolve().parents[2] / "charts" / "calico-gc" / "files" / "calico-gc.rules.yaml"
+    rules = [rule for group in yaml.safe_load(rules_file.read_text())["groups"] for rule in group["rules"]]
+    assert {"CalicoIpPoolAlmostFull", "CalicoNodeStuckNetworkUnavailable"} <= {rule.get("alert") for rule in rules}
+    pushed |= {rule["record"] for rule in rules if "record" in rule}  # what the rules record themselves
     for rule in rules:
-        used = set(re.findall(r"calico_gc_[a-z_]+", rule["expr"]))
-        assert used and used <= pushed, (rule["alert"], used - pushed)
+        expr = re.sub(  # a name regex, spelled out: calico_gc_ipam_(a|b) is calico_gc_ipam_a and calico_gc_ipam_b
+            r"(calico_gc_[a-z_]*)\(([a-z_|]+)\)",
+            lambda m: " ".join(m[1] + alternative for alternative in m[2].split("|")),
+            rule["expr"],
+        )
+        used = set(re.findall(r"\b(?:calico_gc[_:][a-z_]+|push_time_seconds)\b", expr))
+        assert used and used <= pushed, (rule.get("alert") or rule["record"], used - pushed)

@@ -26,6 +26,18 @@ DEADLINE_S = 30.0
 T = TypeVar("T")
 
 
+def needs(binary: str | None, name: str) -> None:
+    """Debian's prometheus and prometheus-pushgateway: .ci/run installs them, so CI skips nothing."""
+    import os
+
+    import pytest
+
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed (apt-get install prometheus prometheus-pushgateway)")
+        pytest.skip(f"{name} is not installed (apt-get install prometheus prometheus-pushgateway)")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
