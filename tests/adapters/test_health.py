@@ -316,7 +316,8 @@ def test_label_selectors_follow_kubernetes_semantics() -> None:
 # --fail-on, through main() (metrics and alerts on real parts: tests/flows/test_alerting.py)
 
 
-def cli_env(harness: Harness, tmp_path: Path) -> dict[str, str]:
+def cli_env(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a run through main() against the test servers."""
     return {
         "ETCD_ENDPOINTS": harness.etcd.url,
         "POD_NAMESPACE": "calico-gc",
@@ -325,6 +326,7 @@ def cli_env(harness: Harness, tmp_path: Path) -> dict[str, str]:
         "CALICO_GC_STATE_FILE": str(tmp_path / "state.json"),
         "CALICO_GC_GRACE_PERIOD": "0s",
         "CALICO_GC_OUTPUT": "json",
+        **extra,
     }
 
 

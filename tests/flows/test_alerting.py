@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from job.cli import main
-from tests.adapters.test_health import crash_looping, healthy_pods, network_unavailable
+from tests.adapters.test_health import cli_env, crash_looping, healthy_pods, network_unavailable
 from tests.conftest import Harness
 from tests.support import prometheus as prom
 from tests.support import scenario as s
@@ -25,22 +25,8 @@ RULE_TESTS = ROOT / "tests" / "prometheus" / "calico-gc.rules.test.yaml"
 CONFLICT_LOG = "Calico node '{holder}' is already using the IPv4 address {ip}."
 
 
-def cli_env(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {
-        "ETCD_ENDPOINTS": harness.etcd.url,
-        "POD_NAMESPACE": "calico-gc",
-        "KUBECONFIG": str(harness.kubeapi.write_kubeconfig(tmp_path / "kubeconfig")),
-        "CALICO_GC_LOCK": "none",
-        "CALICO_GC_STATE_FILE": str(tmp_path / "state.json"),
-        "CALICO_GC_GRACE_PERIOD": "0s",
-        "CALICO_GC_OUTPUT": "json",
-        "CALICO_GC_RETRY_ATTEMPTS": "1",
-        **extra,
-    }
-
-
 def run(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str, **env: str) -> dict[str, Any]:
-    code = main(list(argv), cli_env(harness, tmp_path, **env))
+    code = main(list(argv), cli_env(harness, tmp_path, **{"CALICO_GC_RETRY_ATTEMPTS": "1", **env}))
     report: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert report["exit_code"] == code
     return report
