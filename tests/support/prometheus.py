@@ -5,6 +5,7 @@ and every later expectation are waited for with a deadline, never a fixed sleep.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
 PUSHGATEWAY = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
@@ -28,10 +30,6 @@ T = TypeVar("T")
 
 def needs(binary: str | None, name: str) -> None:
     """Debian's prometheus and prometheus-pushgateway: .ci/run installs them, so CI skips nothing."""
-    import os
-
-    import pytest
-
     if binary is None:
         if os.environ.get("CI"):
             pytest.fail(f"{name} is not installed (apt-get install prometheus prometheus-pushgateway)")
