@@ -319,12 +319,13 @@ def allocate(block: Mapping[str, object], wanted: Mapping[int, Mapping[str, obje
     """A copy of `block` with each free ordinal of `wanted` allocated to its attribute (the
     inverse of `release`, for a restore). An equal attribute already in the block is shared, as
     Calico shares one per handle; an ordinal already allocated is left as it is (the caller
-    decides whether that is the same allocation or a conflict). Blocks that record a sequence
-    number per allocation get the block's current one, as Calico's assignment does."""
+    decides whether that is the same allocation or a conflict). An ordinal in IP cooldown is free
+    to take back: released, no one's, and what a restore undoes is that release. Blocks that
+    record a sequence number per allocation get the block's current one, as Calico's assignment does."""
     new: JsonObject = dict(block)
     allocations: list[int | None] = list(new["allocations"])
     attributes: list[Any] = list(new.get("attributes") or [])
-    free = [o for o in sorted(wanted) if allocations[o] is None]
+    free = [o for o in sorted(wanted) if allocations[o] is None or is_cooling(attributes[allocations[o]])]  # type: ignore[index]
     if not free:
         return new
     sequence_by_ordinal = new.get("sequenceNumberForAllocation")
@@ -337,6 +338,12 @@ def allocate(block: Mapping[str, object], wanted: Mapping[int, Mapping[str, obje
         allocations[ordinal] = attributes.index(attribute)
         if isinstance(sequence_by_ordinal, dict):
             sequence_by_ordinal[str(ordinal)] = new["sequenceNumber"]
+    used = {index for index in allocations if index is not None}
+    if len(used) < len(attributes):  # a cooldown attribute no ordinal points at any more goes, as in Calico
+        kept = [i for i in range(len(attributes)) if i in used or not is_cooling(attributes[i])]
+        renumbered = {old: position for position, old in enumerate(kept)}
+        allocations = [None if index is None else renumbered[index] for index in allocations]
+        attributes = [attributes[i] for i in kept]
     new["allocations"] = allocations
     new["attributes"] = attributes
     new["unallocated"] = [o for o in new.get("unallocated") or [] if o not in set(free)]

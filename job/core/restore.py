@@ -30,6 +30,7 @@ from job.core.ipam import (
     dump,
     handle_problem,
     held_by,
+    is_cooling,
     normal_cidr,
 )
 from job.core.model import CREATE, JsonObject, Step, StoredItem, Write
@@ -155,6 +156,12 @@ class _Block:
     affinity_ok: bool
 
 
+def _released(block: Mapping[str, Any], ordinal: int) -> bool:
+    """Whether an ordinal is free or in IP cooldown in a block value: released either way."""
+    index = block["allocations"][ordinal]
+    return index is None or is_cooling((block.get("attributes") or [])[index])
+
+
 def _restore_block(host: str, change: Change, now: StoredItem | None, findings: list[Finding]) -> _Block:
     before = _parse(change.before)
     after = _parse(change.after) if change.op == "update" else None
@@ -163,10 +170,10 @@ def _restore_block(host: str, change: Change, now: StoredItem | None, findings: 
         findings.append(Finding(change.key, f"the report's block cannot be read: {problem}"))
         return _Block(change, None, None, set(), False)
     attributes = before.get("attributes") or []
-    wanted = {
+    wanted = {  # what the run released: freed, or (IP cooldown) pointed at a cooldown attribute
         ordinal: attributes[index]
         for ordinal, index in enumerate(before["allocations"])
-        if index is not None and (after is None or after["allocations"][ordinal] is None)
+        if index is not None and (after is None or _released(after, ordinal))
     }
     wants_affinity = affinity_host(before) == host and (after is None or affinity_host(after) != host)
     network = ipaddress.ip_network(before["cidr"], strict=False)
@@ -186,7 +193,7 @@ def _restore_block(host: str, change: Change, now: StoredItem | None, findings: 
     free = {}
     for ordinal, attribute in wanted.items():
         index = current["allocations"][ordinal]
-        if index is None:
+        if _released(current, ordinal):  # free, or cooling: released, no one's
             free[ordinal] = attribute
         elif current_attributes[index] != attribute:
             holder = current_attributes[index].get("handle_id")

@@ -110,3 +110,19 @@ def test_without_a_cooldown_a_release_frees_at_once(harness: Harness, group: Gro
     assert code == 0 and report["audit"]["cooling"]["cooldown_s"] == 0
     spec = block_spec(harness.kubeapi, group)
     assert spec["allocations"][40] is None and 40 in spec["unallocated"]
+
+
+def test_a_restore_takes_back_an_address_its_run_released_into_cooldown(harness: Harness, group: Group) -> None:
+    """The run released the gone node's borrowed address into cooldown; its restore undoes that
+    release (the address is no one's), and the cooldown attribute nothing points at goes."""
+    seed_kdd(harness.kubeapi, group)
+    cooldown(harness.kubeapi, group, 600)
+    before = copy.deepcopy(block_spec(harness.kubeapi, group))
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and report["kept_as"]
+    assert block_spec(harness.kubeapi, group)["attributes"][-1] == {"releasedAt": "2026-11-30T12:00:00Z"}
+    document, code = harness.restore(kdd(harness, apply=True))
+    assert code == 0, document
+    spec = block_spec(harness.kubeapi, group)
+    assert spec["attributes"][spec["allocations"][40]] == before["attributes"][before["allocations"][40]]
+    assert not any("releasedAt" in a for a in spec["attributes"]) and 40 not in spec["unallocated"]
