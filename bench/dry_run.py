@@ -251,6 +251,10 @@ def main() -> int:
         }
         if options.job_tree:
             cases[f"{options.job_tree} (--max-deletions 20)"] = (base, 20)
+            cases[f"{options.job_tree} every orphan planned"] = (
+                [*base, "--max-deletions", str(options.orphans)],
+                options.orphans,
+            )
         # Runs alternate (each read, each job case) so that drifting machine load hits all alike;
         # the figures are medians, the ratios medians over medians.
         cpu = EtcdCpu(etcd)
