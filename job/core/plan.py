@@ -54,7 +54,6 @@ GRACE_PERIOD = "grace_period"
 CONFLICT_GRACE_PERIOD = "conflict_grace_period"
 MAX_DELETIONS = "max_deletions"
 ADDRESSES_KEPT = "addresses_kept"  # only addresses that stay are left of it (a VM's: kept.py)
-ADDRESSES_KEPT_NOTE = "nothing else left; its addresses stay while their VM or migration does: "
 # What a run does about a stale handle (docs/calico-data.md, "Stale handles").
 HANDLE_SEEN = "seen_once"  # first seen stale at this revision: repaired if still so, unchanged, later
 HANDLE_WOULD_REPAIR = "would_repair"
@@ -214,17 +213,24 @@ def _delete(item: StoredItem) -> Write:
     return Write(item.key, item.revision, None, item.value)
 
 
-def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], str | None]:
+@dataclass(frozen=True)
+class NotRemoved:
+    """Why a gone host's removal cannot be planned: the report's reason, and what to say."""
+
+    reason: str
+    message: str
+
+
+def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], NotRemoved | None]:
     """The ordered transactions that remove a gone host (docs/calico-data.md), or why it cannot be.
 
     IPAM first (each block with the handles it frees), then the host's own keys, and the Node
     last, so that an interrupted run leaves a host that is still found next time. A host whose
-    only data left is addresses that stay (kept.py) has nothing to remove: said, as a problem
-    of its own kind (ADDRESSES_KEPT).
+    only data left is addresses that stay (kept.py) has nothing to remove (ADDRESSES_KEPT).
     """
     release = plan_release(host, index)
     if release.problem is not None:
-        return (), release.problem
+        return (), NotRemoved(MALFORMED_DATA, release.problem)
     keys = [_delete(endpoint.item) for endpoint in host.workload_endpoints]
     keys += [_delete(item) for item in host.owned]
     steps = [
@@ -235,7 +241,10 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], st
     if last:
         steps.append(Step("delete the Calico Node", tuple(_delete(item) for item in last)))
     if not steps and release.kept:
-        return (), ADDRESSES_KEPT_NOTE + ", ".join(f"{ip} ({why})" for ip, why in release.kept)
+        kept = ", ".join(f"{ip} ({why})" for ip, why in release.kept)
+        return (), NotRemoved(
+            ADDRESSES_KEPT, f"nothing else left; its addresses stay while their VM or migration does: {kept}"
+        )
     return tuple(steps), None
 
 
@@ -299,8 +308,9 @@ def plan_run(
             continue
         steps, problem = host_steps(orphan.host, index)
         if problem is not None:
-            reason = ADDRESSES_KEPT if problem.startswith(ADDRESSES_KEPT_NOTE) else MALFORMED_DATA
-            decisions.append(HostDecision(orphan.host, Action.SKIPPED, reason, since, is_conflict, error=problem))
+            decisions.append(
+                HostDecision(orphan.host, Action.SKIPPED, problem.reason, since, is_conflict, error=problem.message)
+            )
         else:
             taken += 1
             decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
@@ -367,8 +377,8 @@ def replan_host(inventory: Inventory, previous: HostDecision, index: IpamIndex |
         return HostDecision(host, Action.SKIPPED, FELIX_ALIVE, previous.orphaned_since, previous.conflict)
     steps, problem = host_steps(host, index or build_index(inventory))
     if problem is not None:
-        reason = ADDRESSES_KEPT if problem.startswith(ADDRESSES_KEPT_NOTE) else MALFORMED_DATA
-        return HostDecision(host, Action.SKIPPED, reason, previous.orphaned_since, previous.conflict, error=problem)
+        since, conflict = previous.orphaned_since, previous.conflict
+        return HostDecision(host, Action.SKIPPED, problem.reason, since, conflict, error=problem.message)
     return HostDecision(host, previous.action, previous.reason, previous.orphaned_since, previous.conflict, steps)
 
 
