@@ -15,7 +15,7 @@ from job.core.inventory import Inventory
 from job.core.ipam import StaleHandle, address_in
 from job.core.kept import ALTERNATE, ALTERNATE_GONE, Keep, owner, vm_of
 from job.core.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
-from job.core.model import Cooldown, HandleRepair, parse_time
+from job.core.model import Cooldown, HandleRepair
 from job.core.plan import HANDLE_REPAIRED
 from job.core.report import timestamp
 from job.core.scan import BlockScan
@@ -109,15 +109,13 @@ def _cooling(scan: BlockScan, cooldown: Cooldown | None) -> dict[str, Any]:
     cooled addresses nothing has freed for twice the cooldown is listed: Calico frees them on
     its next write of the block, and kube-controllers' backstop writes such blocks."""
     count = sum(found for found, _ in scan.cooling.values())
-    times = [t for _, first in scan.cooling.values() if (t := parse_time(first)) is not None]
-    oldest = min(times, default=None)
+    oldest = min((first for _, first in scan.cooling.values() if first is not None), default=None)
     stuck = []
     if cooldown is not None:
         limit = cooldown.now - 2 * timedelta(seconds=cooldown.seconds)
         for cidr, (found, first) in sorted(scan.cooling.items()):
-            released = parse_time(first)
-            if released is not None and released < limit:
-                stuck.append({"cidr": cidr, "cooling": found, "oldest_released_at": timestamp(released)})
+            if first is not None and first < limit:
+                stuck.append({"cidr": cidr, "cooling": found, "oldest_released_at": timestamp(first)})
     return {
         "count": count,
         "cooldown_s": None if cooldown is None else cooldown.seconds,

@@ -8,6 +8,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from job.core.ipam import (
@@ -22,7 +23,7 @@ from job.core.ipam import (
 )
 from job.core.kept import ALTERNATE, VM_HANDLE_MARK, VM_NAME
 from job.core.leaks import Allocation, pod_attribution
-from job.core.model import IpamBlock, Owners
+from job.core.model import IpamBlock, Owners, parse_time
 
 
 class BlockSummary(NamedTuple):
@@ -63,8 +64,8 @@ class BlockScan:
     # Allocations a KubeVirt VM or a live migration owns, as (cidr, ordinal, attribute): kept.py
     # decides whether each stays, and the audit lists them.
     owned_specially: list[tuple[str, int, Mapping[str, Any]]] = field(default_factory=list)
-    # Addresses in IP cooldown, per block: how many, and the oldest `releasedAt` (RFC 3339, UTC).
-    cooling: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    # Addresses in IP cooldown, per block: how many, and the oldest `releasedAt` (None: none readable).
+    cooling: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
     _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
@@ -100,10 +101,12 @@ class BlockScan:
                 node = None
             if (node and VM_NAME in secondary) or ALTERNATE in attribute or (handle and VM_HANDLE_MARK in handle):
                 self.owned_specially.append((cidr, ordinal, attribute))
-            elif RELEASED_AT in attribute and not handle:
-                released = attribute[RELEASED_AT]
-                found, oldest = self.cooling.get(cidr, (0, released))
-                self.cooling[cidr] = (found + 1, min(oldest, released) if isinstance(released, str) else oldest)
+            elif RELEASED_AT in attribute and not handle:  # in IP cooldown (a few a block, at most)
+                found, oldest = self.cooling.get(cidr, (0, None))
+                released = parse_time(attribute[RELEASED_AT])  # None for a value that is not a time
+                if released is not None and (oldest is None or released < oldest):
+                    oldest = released
+                self.cooling[cidr] = (found + 1, oldest)
             owner = node or tunnel_handle_node(handle)
             if owner and owner == host:
                 mine |= 1 << ordinal

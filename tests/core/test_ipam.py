@@ -496,3 +496,29 @@ def test_endpoint_ips_clear_their_ordinals_before_and_after_every_block_is_read(
     assert scan.unheld == {"10.1.0.0/29": 0b1100, "fd00::/125": 0b1010}
     scan.held_by_endpoints(["10.1.0.3", "fd00::1"])  # after
     assert scan.unheld == {"10.1.0.0/29": 0b0100, "fd00::/125": 0b1000}
+
+
+def test_cooling_addresses_with_a_release_time_that_is_not_a_time_are_counted_and_never_freed() -> None:
+    """A `releasedAt` of another shape (a number) is counted as cooling, is no oldest, and is never
+    taken for cooled: kept, as Calico would keep what it cannot read."""
+    from datetime import UTC, datetime
+
+    from job.core.ipam import collect_cooled
+    from job.core.model import Cooldown
+
+    seed = CalicoSeed()
+    block = seed.block("10.7.0.0/26", "live")
+    block["attributes"] += [
+        {"releasedAt": 123},
+        {"releasedAt": "2026-11-30T11:00:00Z"},
+        {"releasedAt": "2026-11-30T10:00:00Z"},
+    ]
+    for ordinal, index in ((5, 0), (6, 1), (7, 2)):
+        block["allocations"][ordinal] = index
+        block["unallocated"].remove(ordinal)
+    scan = BlockScan(frozenset({"live"}))
+    scan.add("10.7.0.0/26", block)
+    assert scan.cooling == {"10.7.0.0/26": (3, datetime(2026, 11, 30, 10, tzinfo=UTC))}
+    collect_cooled(block, Cooldown(600, datetime(2026, 11, 30, 12, tzinfo=UTC)))
+    assert block["attributes"] == [{"releasedAt": 123}] and block["allocations"][5] == 0
+    assert block["allocations"][6] is None and block["unallocated"][-2:] == [6, 7]
