@@ -251,14 +251,22 @@ def release(
     if not freed:
         return dict(block), handles
     unused = {index for index, count in freed.items() if references[index] == count}
-    kept = [index for index in range(len(attributes)) if index not in unused]
-    renumbered = {old: position for position, old in enumerate(kept)}
-    new["allocations"] = [None if index is None else renumbered[index] for index in allocations]
+    new["allocations"], kept = _compacted(allocations, attributes, lambda index: index not in unused)
     new["unallocated"] = unallocated
     if "attributes" in new:
-        new["attributes"] = [attributes[index] for index in kept]
+        new["attributes"] = kept
     _bump_sequence(new)
     return new, handles
+
+
+def _compacted(
+    allocations: list[int | None], attributes: list[Any], keep: Callable[[int], bool]
+) -> tuple[list[int | None], list[Any]]:
+    """The attributes `keep` keeps, in order, and the allocations renumbered onto them, as
+    libcalico-go compacts a block's attributes (an allocation must not point at a dropped one)."""
+    kept = [index for index in range(len(attributes)) if keep(index)]
+    renumbered = {old: position for position, old in enumerate(kept)}
+    return [None if index is None else renumbered[index] for index in allocations], [attributes[i] for i in kept]
 
 
 def _release_to_cooldown(
@@ -308,10 +316,8 @@ def collect_cooled(block: JsonObject, cooldown: Cooldown) -> None:
             unallocated.append(ordinal)
             if isinstance(sequence_by_ordinal, dict):
                 sequence_by_ordinal.pop(str(ordinal), None)
-    used = sorted({index for index in allocations if index is not None})
-    renumbered = {old: position for position, old in enumerate(used)}
-    block["allocations"] = [None if index is None else renumbered[index] for index in allocations]
-    block["attributes"] = [attributes[index] for index in used]
+    used = {index for index in allocations if index is not None}
+    block["allocations"], block["attributes"] = _compacted(allocations, attributes, used.__contains__)
     block["unallocated"] = unallocated
 
 
@@ -340,10 +346,9 @@ def allocate(block: Mapping[str, object], wanted: Mapping[int, Mapping[str, obje
             sequence_by_ordinal[str(ordinal)] = new["sequenceNumber"]
     used = {index for index in allocations if index is not None}
     if len(used) < len(attributes):  # a cooldown attribute no ordinal points at any more goes, as in Calico
-        kept = [i for i in range(len(attributes)) if i in used or not is_cooling(attributes[i])]
-        renumbered = {old: position for position, old in enumerate(kept)}
-        allocations = [None if index is None else renumbered[index] for index in allocations]
-        attributes = [attributes[i] for i in kept]
+        allocations, attributes = _compacted(
+            allocations, attributes, lambda index: index in used or not is_cooling(attributes[index])
+        )
     new["allocations"] = allocations
     new["attributes"] = attributes
     new["unallocated"] = [o for o in new.get("unallocated") or [] if o not in set(free)]
