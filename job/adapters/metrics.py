@@ -23,7 +23,7 @@ PUSH_TIMEOUT_S = 10.0
 HEALTH_LEVELS = {"ok": 0, "degraded": 1, "critical": 2}
 
 
-def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool, grace_s: float = 0.0) -> CollectorRegistry:
+def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool, grace_s: float) -> CollectorRegistry:
     """The run's gauges; `last_success` is only in the registry when the run succeeded, and
     pushadd (POST) replaces only the metrics pushed, so a failed run keeps the last value."""
     # Imported by a run that pushes, not by every run: prometheus_client costs 24 ms to import.
@@ -141,7 +141,7 @@ def nodes_registry_for(report: dict[str, Any]) -> CollectorRegistry:
 
 
 def push(
-    gateway: str, cluster: str, report: dict[str, Any], duration_s: float, succeeded: bool, grace_s: float = 0.0
+    gateway: str, cluster: str, report: dict[str, Any], duration_s: float, succeeded: bool, grace_s: float
 ) -> str | None:
     """Push under the stable grouping keys (module docstring); return the error text on failure."""
     from prometheus_client import push_to_gateway, pushadd_to_gateway

@@ -206,7 +206,7 @@ def test_the_shipped_alert_rules_use_only_metrics_a_run_pushes(harness: Harness)
 
     garbage(harness)
     report, _ = harness.run()
-    registries = (registry_for(report, 1.0, succeeded=True), nodes_registry_for(report))
+    registries = (registry_for(report, 1.0, succeeded=True, grace_s=1800.0), nodes_registry_for(report))
     pushed = {metric.name for registry in registries for metric in registry.collect()} | {"push_time_seconds"}
     rules_file = Path(__file__).resolve().parents[2] / "charts" / "calico-gc" / "files" / "calico-gc.rules.yaml"
     rules = [rule for group in yaml.safe_load(rules_file.read_text())["groups"] for rule in group["rules"]]
