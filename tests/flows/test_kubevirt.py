@@ -7,7 +7,6 @@ served as KubeVirt serves them (kubevirt.io/v1, namespaced)."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import ipaddress
 import json
 from datetime import timedelta
@@ -16,6 +15,7 @@ from typing import Any
 from tests.adapters.test_kdd import GONE, LIVE_A, LIVE_B, cidr_name, kdd, seed_kdd, snapshot
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico, crds
+from tests.support.calico import allocate_in, allocation_attribute
 from tests.support.groups import Group
 from tests.support.kubeapi import KubeApiServer
 from tests.support.scenario import POD_ORPHAN, kops_cluster
@@ -39,18 +39,9 @@ def vm_address(
     assert block is not None
     spec = block["spec"]
     ordinal = int(ipaddress.ip_address(ip)) - int(ipaddress.ip_network(cidr).network_address)
-    uid = hashlib.sha256(vm.encode()).hexdigest()
     handle = f"k8s-pod-network.vmi.vms.{vm}"
-    secondary = {"node": node, "namespace": "vms", "pod": f"virt-launcher-{vm}-x7k2p", "vmi-name": vm}
-    secondary.update({"vmi-uid": uid[:32], "vm-uid": uid[32:], "timestamp": "2026-11-30 09:00:00 +0000 UTC"})
-    attribute: dict[str, Any] = {"handle_id": handle, "secondary": secondary}
-    if alternate:
-        attribute["alternateOwnerAttrs"] = alternate
-    spec["attributes"].append(attribute)
-    spec["allocations"][ordinal] = len(spec["attributes"]) - 1
-    spec["unallocated"].remove(ordinal)
-    spec["sequenceNumber"] += 1
-    spec["sequenceNumberForAllocation"][str(ordinal)] = spec["sequenceNumber"]
+    pod = f"virt-launcher-{vm}-x7k2p"
+    allocate_in(spec, ordinal, allocation_attribute(handle, node, None, pod, "vms", vm, alternate))
     kubeapi.put(f"{group.path}/ipamblocks", block)
     body = {"handleID": handle, "block": {cidr: 1}, "deleted": False}
     kubeapi.put(f"{group.path}/ipamhandles", {"metadata": {"name": handle.lower()}, "spec": body})

@@ -26,6 +26,42 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+def allocation_attribute(
+    handle: str,
+    node: str,
+    kind: str | None = None,
+    pod: str | None = None,
+    namespace: str | None = None,
+    vm: str | None = None,
+    alternate: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An allocation's attribute as Calico's CNI plugin writes it; `vm`: a KubeVirt virt-launcher
+    pod's, whose owner attributes name the VM (cni-plugin's ipam_plugin.go, vmipam); `alternate`: a
+    live migration's target pod (alternateOwnerAttrs)."""
+    secondary: dict[str, str] = {"node": node}
+    if kind:
+        secondary["type"] = kind
+    if pod and namespace:
+        secondary.update(namespace=namespace, pod=pod, timestamp="2026-01-01 00:00:00 +0000 UTC")
+    if vm:
+        uid = hashlib.sha256(f"{namespace}/{vm}".encode()).hexdigest()
+        secondary.update({"vmi-name": vm, "vmi-uid": uid[:32], "vm-uid": uid[32:]})
+    attribute: dict[str, Any] = {"handle_id": handle, "secondary": secondary}
+    if alternate:
+        attribute["alternateOwnerAttrs"] = alternate
+    return attribute
+
+
+def allocate_in(block: dict[str, Any], ordinal: int, attribute: dict[str, Any]) -> None:
+    """An allocation as Calico's IPAM writes it into a block value: its attribute, the ordinal off
+    `unallocated`, and the block's sequence number recorded for it."""
+    block["attributes"].append(attribute)
+    block["allocations"][ordinal] = len(block["attributes"]) - 1
+    block["unallocated"].remove(ordinal)
+    block["sequenceNumber"] += 1
+    block["sequenceNumberForAllocation"][str(ordinal)] = block["sequenceNumber"]
+
+
 @dataclass
 class CalicoSeed:
     """An in-memory Calico datastore: `keys` maps each etcd key to its JSON text."""
@@ -118,29 +154,12 @@ class CalicoSeed:
         vm: str | None = None,
         alternate: dict[str, str] | None = None,
     ) -> None:
-        """An allocation as Calico's CNI plugin writes it; `vm`: a KubeVirt virt-launcher pod's, whose
-        owner attributes name the VM (cni-plugin's ipam_plugin.go, vmipam); `alternate`: a live
-        migration's target pod (alternateOwnerAttrs)."""
+        """An allocation as Calico's CNI plugin and IPAM write it (allocation_attribute, allocate_in)."""
         address = ipaddress.ip_address(ip)
         cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
         block = self.blocks[cidr]
         ordinal = int(address) - int(ipaddress.ip_network(cidr).network_address)
-        secondary: dict[str, str] = {"node": node}
-        if kind:
-            secondary["type"] = kind
-        if pod and namespace:
-            secondary.update(namespace=namespace, pod=pod, timestamp="2026-01-01 00:00:00 +0000 UTC")
-        if vm:
-            uid = hashlib.sha256(f"{namespace}/{vm}".encode()).hexdigest()
-            secondary.update({"vmi-name": vm, "vmi-uid": uid[:32], "vm-uid": uid[32:]})
-        attribute: dict[str, Any] = {"handle_id": handle, "secondary": secondary}
-        if alternate:
-            attribute["alternateOwnerAttrs"] = alternate
-        block["attributes"].append(attribute)
-        block["allocations"][ordinal] = len(block["attributes"]) - 1
-        block["unallocated"].remove(ordinal)
-        block["sequenceNumber"] += 1
-        block["sequenceNumberForAllocation"][str(ordinal)] = block["sequenceNumber"]
+        allocate_in(block, ordinal, allocation_attribute(handle, node, kind, pod, namespace, vm, alternate))
         self._sync_block(cidr)
         entry = self.handles.setdefault(handle, {"block": {}, "deleted": False})
         entry["block"][cidr] = entry["block"].get(cidr, 0) + 1
