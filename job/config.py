@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
 CALICO_API_GROUPS = ("crd.projectcalico.org/v1", "projectcalico.org/v3")
+MAX_IP_COOLDOWN_S = 1200  # IPAMConfig's ipCooldownSeconds: 0 to 1200 (its CRD)
 MAX_KEPT_REPORTS = 10  # job/adapters/keep.py's MAX_SLOTS: the Role grants exactly these names
 
 
@@ -153,6 +154,15 @@ OPTIONS: tuple[Option, ...] = (
         "CALICO_GC_MAX_LEAK_RELEASES",
         "50",
         "Most leaked IPs released in one run.",
+        metavar="N",
+    ),
+    Option(
+        "--ip-cooldown-seconds",
+        "CALICO_GC_IP_COOLDOWN_SECONDS",
+        None,
+        "etcd datastores: the ipCooldownSeconds set in Calico 3.32+'s IPAMConfig (0-1200), which calico-gc "
+        "does not read there. Unset: 1200, the longest Calico allows, once any address is seen cooling; "
+        "the Kubernetes datastore reads IPAMConfig itself.",
         metavar="N",
     ),
     Option(
@@ -405,6 +415,7 @@ class Config:
     release_leaked_ips: bool = False
     leak_grace_period: timedelta = timedelta(minutes=15)
     max_leak_releases: int = 50
+    ip_cooldown_seconds: int | None = None  # etcd datastores only: KDD reads IPAMConfig
     max_deletions: int = 20
     max_orphan_fraction: float = 0.5
     unreferenced: str = "skip"
@@ -550,6 +561,22 @@ def _int(name: str, text: str, minimum: int) -> int:
     return value
 
 
+def _ip_cooldown(text: str | None, datastore_type: str) -> int | None:
+    """Where calico-gc cannot read IPAMConfig (etcd), the operator says the cooldown; on the
+    Kubernetes datastore a second source could only disagree with the one Calico uses."""
+    if text is None:
+        return None
+    if datastore_type == "kubernetes":
+        raise ConfigError(
+            "--ip-cooldown-seconds: only for etcd datastores; the Kubernetes datastore reads "
+            "ipCooldownSeconds from IPAMConfig, as Calico does"
+        )
+    value = _int("--ip-cooldown-seconds", text, 0)
+    if value > MAX_IP_COOLDOWN_S:
+        raise ConfigError(f"--ip-cooldown-seconds: at most {MAX_IP_COOLDOWN_S} (IPAMConfig's limit), got {value}")
+    return value
+
+
 def _at_most(name: str, value: int, maximum: int) -> int:
     if value > maximum:
         raise ConfigError(f"{name}: at most {maximum} (the names manifests/base/rbac.yaml grants), got {value}")
@@ -664,6 +691,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         release_leaked_ips=_bool("--release-leaked-ips", text("release_leaked_ips")),
         leak_grace_period=_at_least("--leak-grace-period", duration("leak_grace_period"), timedelta(minutes=5)),
         max_leak_releases=_int("--max-leak-releases", text("max_leak_releases"), 0),
+        ip_cooldown_seconds=_ip_cooldown(optional("ip_cooldown_seconds"), datastore_type),
         max_deletions=_int("--max-deletions", text("max_deletions"), 0),
         max_orphan_fraction=fraction,
         unreferenced=text("unreferenced"),

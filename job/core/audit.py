@@ -119,6 +119,7 @@ def _cooling(scan: BlockScan, cooldown: Cooldown | None) -> dict[str, Any]:
     return {
         "count": count,
         "cooldown_s": None if cooldown is None else cooldown.seconds,
+        "cooldown_source": None if cooldown is None else cooldown.source,
         "oldest_released_at": timestamp(oldest),
         "oldest_age_s": None if oldest is None or cooldown is None else int((cooldown.now - oldest).total_seconds()),
         "blocks_not_collected": _found(stuck, key=lambda b: b["cidr"]),

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from job.config import MAX_IP_COOLDOWN_S
 from job.core.kept import Keep
 
 JsonObject = dict[str, Any]
@@ -32,10 +33,28 @@ def parse_time(text: object) -> datetime | None:
 @dataclass(frozen=True)
 class Cooldown:
     """IPAMConfig's `ipCooldownSeconds` (0-1200) and the run's clock: how Calico 3.32+ releases an
-    address (libcalico-go/lib/ipam/ipam_block.go, `release`, `garbageCollect`; core/ipam.py)."""
+    address (libcalico-go/lib/ipam/ipam_block.go, `release`, `garbageCollect`; core/ipam.py).
+    `source` says where the seconds come from: `ipamconfig`, `setting`, or `assumed` (the
+    longest Calico allows, where it was not read but addresses are seen cooling)."""
 
     seconds: int
     now: datetime
+    source: str = "ipamconfig"
+
+
+def known_cooldown(read: int | None, setting: int | None, cooling_seen: bool, now: datetime) -> Cooldown | None:
+    """The cooldown a run follows. Read (KDD) or set (etcd), it is that. Unknown, it is the
+    longest Calico allows once any address is seen cooling: only a Calico with a cooldown writes
+    one, and a release held that long is never freed early. Unknown with nothing cooling: None,
+    releases free at once, as every Calico before 3.32 expects (a cooling attribute would be a
+    handle-less allocation to it)."""
+    if read is not None:
+        return Cooldown(read, now)
+    if setting is not None:
+        return Cooldown(setting, now, "setting")
+    if cooling_seen:
+        return Cooldown(MAX_IP_COOLDOWN_S, now, "assumed")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

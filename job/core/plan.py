@@ -40,6 +40,7 @@ from job.core.model import (
     StoredItem,
     WorkloadEndpoint,
     Write,
+    known_cooldown,
 )
 
 # Reasons, machine-readable, as they appear in the report.
@@ -261,11 +262,13 @@ def plan_run(
     reported_conflicts: Sequence[IpConflict] = (),
     stale: Sequence[StaleHandle] = (),
     kubevirt: KubeVirt = NO_KUBEVIRT,
+    cooling_seen: bool = False,
 ) -> Plan:
     """Decide every Calico host that is not live; deterministic for the same inputs.
 
     `reported_conflicts` are conflicts a crash-looping calico-node named in its log; those
-    that name an orphan count like the ones found from addresses.
+    that name an orphan count like the ones found from addresses. `cooling_seen`: whether any
+    block holds an address in IP cooldown (the sign of a Calico with one, model.known_cooldown).
     """
     k8s_names = {node.name for node in kube_nodes}
     orphans, decisions, live = _classify(inventory.hosts, k8s_names, config)
@@ -278,7 +281,7 @@ def plan_run(
     conflicted = {c.orphan for c in conflicts if c.orphan is not None}
     guards = check_guards(inventory, kube_nodes, len(orphans), config)
     keep = Keep(frozenset(k8s_names), kubevirt)
-    cooldown = None if inventory.ip_cooldown is None else Cooldown(inventory.ip_cooldown, now)
+    cooldown = known_cooldown(inventory.ip_cooldown, config.ip_cooldown_seconds, cooling_seen, now)
     index = build_index(inventory, keep, cooldown)
     next_state: dict[str, datetime] = {}
     eligible: list[tuple[Orphan, datetime, bool]] = []

@@ -153,6 +153,14 @@ def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.Ca
         # The route-reflector pattern, written the old comma-separated way, must not lose its meaning.
         ([], {"CALICO_GC_EXCLUDE": "rr-.*,edge-.*"}, "a comma outside a {m,n} quantifier"),
         (["--exclude", "rr-1,rr-2"], {}, "a comma outside a {m,n} quantifier"),
+        (["--ip-cooldown-seconds", "1201"], {}, "--ip-cooldown-seconds: at most 1200"),
+        ([], {"CALICO_GC_IP_COOLDOWN_SECONDS": "-1"}, "--ip-cooldown-seconds: must be at least 0"),
+        ([], {"CALICO_GC_IP_COOLDOWN_SECONDS": "10m"}, "--ip-cooldown-seconds: expected a whole number"),
+        (
+            ["--ip-cooldown-seconds", "600"],
+            {"DATASTORE_TYPE": "kubernetes"},
+            "--ip-cooldown-seconds: only for etcd datastores",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -2,16 +2,18 @@
 attribute holding only `releasedAt` until it has cooled, and only then goes back on
 `unallocated` (libcalico-go/lib/ipam/ipam_block.go). calico-gc never frees one early, never
 counts one as garbage, releases in a block that stays as Calico does, and frees what has cooled in
-the blocks it writes anyway. On the Kubernetes datastore, in both API groups."""
+the blocks it writes anyway. On the Kubernetes datastore, in both API groups, and on etcd v3."""
 
 from __future__ import annotations
 
 import copy
+import json
 from datetime import timedelta
 from typing import Any
 
 from tests.adapters.test_kdd import GONE, kdd, seed_kdd
 from tests.conftest import NOW, Harness, hosts_by_name
+from tests.support import scenario as s
 from tests.support.groups import Group
 from tests.support.kubeapi import KubeApiServer
 
@@ -126,3 +128,60 @@ def test_a_restore_takes_back_an_address_its_run_released_into_cooldown(harness:
     spec = block_spec(harness.kubeapi, group)
     assert spec["attributes"][spec["allocations"][40]] == before["attributes"][before["allocations"][40]]
     assert not any("releasedAt" in a for a in spec["attributes"]) and 40 not in spec["unallocated"]
+
+
+# On etcd calico-gc does not read the cooldown (docs/calico-data.md): --ip-cooldown-seconds says
+# it, and without it a cooling address anywhere means the longest Calico allows, 1200 s.
+ETCD_LIVE_BLOCK = "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"  # the gone host borrowed .40
+
+
+def etcd_cooling_cluster() -> s.Scenario:
+    """The kops cluster with two addresses of a live node's block cooling: .30 released 25 minutes
+    before the run, .31 15 minutes before."""
+    scenario = s.kops_cluster()
+    scenario.seed.cooling(("100.96.0.30",), "2026-11-30T11:35:00Z")
+    scenario.seed.cooling(("100.96.0.31",), "2026-11-30T11:45:00Z")
+    return scenario
+
+
+def etcd_block(harness: Harness) -> dict[str, Any]:
+    return dict(json.loads(harness.dump()[ETCD_LIVE_BLOCK][0]))
+
+
+def released(block: dict[str, Any], ordinal: int) -> str | None:
+    """When an ordinal went into cooldown; None where it is free (and KeyError where it is in use)."""
+    index = block["allocations"][ordinal]
+    return None if index is None else block["attributes"][index]["releasedAt"]
+
+
+def test_on_etcd_a_cooling_address_means_the_longest_cooldown_until_one_is_set(harness: Harness) -> None:
+    harness.seed(etcd_cooling_cluster())
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
+    cooling = report["audit"]["cooling"]
+    assert (cooling["count"], cooling["cooldown_s"], cooling["cooldown_source"]) == (2, 1200, "assumed")
+    block = etcd_block(harness)
+    assert released(block, 40) == "2026-11-30T12:00:00Z", "the borrowed address went into cooldown, not free"
+    assert released(block, 30) is None and 30 in block["unallocated"], "25 minutes: past any cooldown"
+    assert released(block, 31) == "2026-11-30T11:45:00Z", "15 minutes: a cooldown may be up to 20"
+
+
+def test_on_etcd_the_cooldown_set_is_followed(harness: Harness) -> None:
+    harness.seed(etcd_cooling_cluster())
+    report, code = harness.run(harness.config(apply=True, ip_cooldown_seconds=600))
+    assert code == 0
+    assert (report["audit"]["cooling"]["cooldown_s"], report["audit"]["cooling"]["cooldown_source"]) == (600, "setting")
+    block = etcd_block(harness)
+    assert released(block, 40) == "2026-11-30T12:00:00Z"
+    assert released(block, 30) is None and released(block, 31) is None, "both past 10 minutes"
+
+
+def test_on_etcd_with_nothing_cooling_and_no_setting_a_release_frees_at_once(harness: Harness) -> None:
+    """Every Calico before 3.32: an attribute holding only releasedAt would be a handle-less
+    allocation to it, never reused."""
+    harness.seed(s.kops_cluster())
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["audit"]["cooling"]["cooldown_source"] is None
+    block = etcd_block(harness)
+    assert released(block, 40) is None and 40 in block["unallocated"]
+    assert not any("releasedAt" in attribute for attribute in block["attributes"])

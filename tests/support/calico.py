@@ -165,6 +165,16 @@ class CalicoSeed:
         entry["block"][cidr] = entry["block"].get(cidr, 0) + 1
         self.keys[f"/calico/ipam/v2/handle/{handle}"] = _dump(entry)
 
+    def cooling(self, ips: tuple[str, ...], released_at: str) -> None:
+        """Addresses in IP cooldown (Calico 3.32+) as its release leaves them: pointed at one
+        attribute holding only `releasedAt`, off `unallocated`, the sequence number kept."""
+        for ip in ips:
+            address = ipaddress.ip_address(ip)
+            cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
+            ordinal = int(address) - int(ipaddress.ip_network(cidr).network_address)
+            allocate_in(self.blocks[cidr], ordinal, {"releasedAt": released_at})
+            self._sync_block(cidr)
+
     def pod(self, node: str, namespace: str, pod: str, ip: str, ipv6: str | None = None) -> str:
         """A pod's workload endpoint and its IPAM allocations (one handle for both addresses of a
         dual-stack pod, as Calico's CNI plugin does); returns the WEP key."""

@@ -32,6 +32,7 @@ import msgspec
 
 from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_number
 from job.adapters.kube import Kube, KubeError, typed_page
+from job.config import MAX_IP_COOLDOWN_S
 from job.core.inventory import Inventory
 from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
 from job.core.model import (
@@ -78,7 +79,6 @@ REQUIRED = (BLOCKS, AFFINITIES, HANDLES)  # every Calico 3.x on this datastore h
 # A DatastoreMigration (projectcalico.org/v3) moves a cluster's Calico data from v1 to v3: until
 # it is Complete, neither group is the whole truth (api/pkg/apis/projectcalico/v3/datastoremigration.go).
 MIGRATIONS, MIGRATION_DONE = "datastoremigrations", "Complete"
-MAX_IP_COOLDOWN_S = 1200  # IPAMConfig's ipCooldownSeconds: 0 to 1200 (its CRD)
 SPEC_VALUED = (BLOCKS, HANDLES)  # read as their spec (IPAM editing needs only it); others whole
 NODE_CONFIGS = ("felixconfigurations", "bgpconfigurations")  # named node.<name>
 NODE_BOUND = ("bgppeers", "hostendpoints", "caliconodestatuses")  # with spec.node
@@ -448,8 +448,8 @@ class KddDatastore:
 
     def _ip_cooldown(self, problems: list[DataProblem]) -> int | None:
         """IPAMConfig `default`'s ipCooldownSeconds: 0 when unset or when there is no IPAMConfig (as
-        Calico reads it); None, said, where it cannot be read (then nothing in cooldown is freed
-        and releases free at once, as before Calico had a cooldown)."""
+        Calico reads it); None, said, where it cannot be read (then model.known_cooldown decides,
+        as on etcd)."""
         path = self.group.path("ipamconfigs", "default")
         try:
             config = self._kube.request("GET", path)
