@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from collections.abc import Iterator
 
 import requests
@@ -26,15 +27,33 @@ def _dump(value: object) -> str:
 # are the last hosts, live hosts' Felix reports (a `status` key), values as Calico writes them.
 # "spread": every tenth host is an orphan, no host has a Felix `status` key (only
 # `last_reported_status`), endpoints in 10 namespaces, values written by another JSON encoder.
-SHAPES = ("together", "spread")
-NAMESPACES = {"together": 7, "spread": 10}
+# "namespaces": endpoints in 100 namespaces of very different sizes (a few large, a long tail),
+# hosts with anything from no pods to twice the average, orphans picked at random.
+SHAPES = ("together", "spread", "namespaces")
+NAMESPACES = {"together": 7, "spread": 10, "namespaces": 100}
 
 
 def orphan_indexes(hosts: int, orphans: int, shape: str) -> set[int]:
     if shape == "spread":
         step = max(1, hosts // max(orphans, 1))
         return {index * step + step - 1 for index in range(orphans)}
+    if shape == "namespaces":
+        return set(random.Random(hosts).sample(range(hosts), orphans))
     return set(range(hosts - orphans, hosts))
+
+
+def namespace(index: int, pod: int, namespaces: int) -> str:
+    """A pod's namespace: round robin over a few; over many, skewed as in real clusters (the
+    square of an even draw puts a quarter of the pods in the first 6 of 100 namespaces)."""
+    if namespaces < NAMESPACES["namespaces"]:
+        return f"team-{pod % namespaces}"
+    draw = (index * 2654435761 + pod * 40503) % 1000003 / 1000003
+    return f"team-{int(namespaces * draw * draw)}"
+
+
+def pods_on(index: int, pods_per_host: int, shape: str) -> int:
+    """How many pods a host runs: as many on each, or (shape "namespaces") 0 to twice that."""
+    return (index * 7919) % (2 * pods_per_host + 1) if shape == "namespaces" else pods_per_host
 
 
 def host_name(index: int) -> str:
@@ -59,7 +78,7 @@ def _pod_attribute(index: int, pod: int, namespaces: int = NAMESPACES["together"
     return {
         "handle_id": _pod_handle(index, pod),
         "secondary": {
-            "namespace": f"team-{pod % namespaces}",
+            "namespace": namespace(index, pod, namespaces),
             "node": host_name(index),
             "pod": f"app-{index}-{pod}",
             "timestamp": "2026-01-01 00:00:00.000000000 +0000 UTC",
@@ -69,23 +88,23 @@ def _pod_attribute(index: int, pod: int, namespaces: int = NAMESPACES["together"
 
 def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int) -> Iterator[tuple[str, str]]:
     """A pod's handle and workload endpoint (its allocation is in the block's value)."""
-    name, container = host_name(index), f"{index:06x}{pod:06x}cafe"
+    name, container, team = host_name(index), f"{index:06x}{pod:06x}cafe", namespace(index, pod, namespaces)
     yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod)}", _dump({"block": {cidr: 1}, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
-        f"{R}workloadendpoints/team-{pod % namespaces}/{wep}",
+        f"{R}workloadendpoints/{team}/{wep}",
         _dump(
             {
                 "kind": "WorkloadEndpoint",
                 "apiVersion": "projectcalico.org/v3",
                 "metadata": {
                     "name": wep,
-                    "namespace": f"team-{pod % namespaces}",
+                    "namespace": team,
                     "uid": f"{container}-uid",
                     "creationTimestamp": "2026-01-01T00:00:00Z",
                     "labels": {
                         "app": f"app-{pod}",
-                        "projectcalico.org/namespace": f"team-{pod % namespaces}",
+                        "projectcalico.org/namespace": team,
                         "projectcalico.org/orchestrator": "k8s",
                         "projectcalico.org/serviceaccount": "default",
                     },
@@ -98,7 +117,7 @@ def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int) -> Iter
                     "endpoint": "eth0",
                     "serviceAccountName": "default",
                     "ipNetworks": [f"{ip}/32"],
-                    "profiles": [f"kns.team-{pod % namespaces}", "ksa.team.default"],
+                    "profiles": [f"kns.{team}", "ksa.team.default"],
                     "interfaceName": f"cali{container[:11]}",
                     "mac": "ee:ee:ee:ee:ee:ee",
                 },
@@ -212,7 +231,7 @@ def datastore(
     )
     for index in range(hosts):
         orphan = index in gone
-        pods = pods_per_host
+        pods = pods_on(index, pods_per_host, shape)
         if not orphan and extra_endpoints:
             pods += extra_endpoints // live + (index < extra_endpoints % live)
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"

@@ -633,9 +633,15 @@ class EtcdV3Datastore:
         self._etcd: EtcdGrpc = EtcdGrpc(config, retry)
         self._config = config
         self._page_size = config.page_size
+        # What the ranges cost etcd: keys it returned, and keys it counted (every key from a
+        # range's start to its end, whatever its limit: the work windows spare it).
+        self._ranges = {"requests": 0, "keys": 0, "keys_counted": 0}
+        self._ranges_lock = threading.Lock()
 
     def describe(self) -> dict[str, object]:
-        return {"type": self.type, "endpoints": self._etcd.endpoints}
+        with self._ranges_lock:
+            ranges = dict(self._ranges)
+        return {"type": self.type, "endpoints": self._etcd.endpoints, "ranges": ranges}
 
     def range(
         self, start: str | bytes, end: bytes | None, revision: int | None, limit: int = 0, keys_only: bool = False
@@ -643,6 +649,10 @@ class EtcdV3Datastore:
         """Keys from `start` to `end` (None: `start` alone) at `revision` (None: now): etcd's RangeResponse."""
         key = _bytes(start) if isinstance(start, str) else start
         answer = self._etcd.range(key, end or b"", limit or self._page_size, revision or 0, keys_only)
+        with self._ranges_lock:
+            self._ranges["requests"] += 1
+            self._ranges["keys"] += len(answer.kvs)
+            self._ranges["keys_counted"] += answer.count
         if answer.header.revision <= 0:
             raise DatastoreError(
                 "etcd answered a range without a revision: not etcd? check ETCD_ENDPOINTS (--etcd-endpoints)",
