@@ -28,16 +28,19 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 
 from bench.dry_run import run_job, spread
 from tests.support import crds
 from tests.support.kubeapi import KubeApiServer
+
+T = TypeVar("T")
 
 # Calico's API group the fleet is written in (--group): the Calico 3.x one, or the native v3 CRDs of
 # Calico 3.32+. Set once by main() before anything is built; each entry: (API version, CRD file,
@@ -348,6 +351,25 @@ def cluster_objects(nodes: int, pods: int) -> Iterator[tuple[str, dict[str, Any]
             yield f"/api/v1/namespaces/{body['metadata']['namespace']}/pods", body
 
 
+def encoded(server: KubeApiServer, work: Callable[[], T], into: list[Counter[str]]) -> T:
+    """`work`'s result; what the server encoded meanwhile is appended to `into`."""
+    with server._lock:
+        server.encoded_bytes.clear()
+    result = work()
+    with server._lock:
+        into.append(Counter(server.encoded_bytes))
+    return result
+
+
+def mb(runs: list[Counter[str]]) -> str:
+    return f"{statistics.median(sum(run.values()) for run in runs) / 1e6:.1f} MB"
+
+
+def by_resource(runs: list[Counter[str]]) -> str:
+    last = runs[-1]
+    return ", ".join(f"{name.split(' ', 1)[1]} {size / 1e6:.1f} MB" for name, size in last.most_common(6))
+
+
 def orphan_indexes(nodes: int, orphans: int) -> list[int]:
     """Orphans spread through the fleet, not bunched at its end."""
     step = nodes // orphans if orphans else nodes
@@ -531,10 +553,12 @@ def main() -> int:
             "--grace-period", "0s", "--max-deletions", str(options.orphans), "--events", "off",
         ]  # fmt: skip
         jobs, plain, kubectl = [], [], []
+        job_bytes: list[Counter[str]] = []
+        plain_bytes: list[Counter[str]] = []
         for _ in range(options.repeat):
-            plain.append(plain_read(kubeconfig))
+            plain.append(encoded(server, lambda: plain_read(kubeconfig), plain_bytes))
             kubectl.append(kubectl_seconds(kubeconfig))
-            jobs.append(run_job(env, args, workdir / "job.log"))
+            jobs.append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), job_bytes))
         for _, _, code, report in jobs:
             assert code == 0 and report["summary"]["would_delete"] == options.orphans, (code, report["summary"])  # type: ignore[index]
         job_time = statistics.median(j[0] for j in jobs)
@@ -548,6 +572,10 @@ def main() -> int:
             f"ratio {job_time / statistics.median(plain):.2f} to the plain read (goal <= 1.2), "
             f"{job_time / statistics.median(kubectl):.2f} to kubectl; the Calico read {read:.2f}s, the pods list "
             f"{pods_list:.2f}s; peak RSS {spread([j[1] for j in jobs], ' MB')} (goal <= 200)"
+        )
+        print(
+            f"bytes the API test server encoded (JSON; the proxy for its cost): the dry run {mb(job_bytes)}, "
+            f"the plain read {mb(plain_bytes)}; the dry run's by resource: {by_resource(job_bytes)}"
         )
         if options.profile:
             profile(env, args, workdir)

@@ -22,6 +22,7 @@ import re
 import socket
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -157,6 +158,9 @@ class KubeApiServer:
     # Benchmarks: keep each object's JSON as it is written and build list pages from it, as the
     # real server serves lists from its watch cache. Objects must then not be changed in place.
     cache_lists: bool = False
+    # Bytes of every answer body, per format and resource ("json /api/v1/pods"): what the server
+    # had to encode, the proxy for what a run costs it (bench-kdd). Only JSON is served here.
+    encoded_bytes: Counter[str] = field(default_factory=Counter)
     _encoded: dict[tuple[str, str], bytes] = field(default_factory=dict)
     _listings: dict[str, tuple[tuple[int, int], list[tuple[str, str, str]]]] = field(default_factory=dict)
     _revision: int = 100
@@ -606,6 +610,17 @@ def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
     return found
 
 
+def _resource(path: str) -> str:
+    """A request's resource, as the server's metrics name it: its path without the query, the
+    namespace and the object's name (`/api/v1/pods`, `/apis/crd.projectcalico.org/v1/ipamblocks`)."""
+    parts = urlsplit(path).path.strip("/").split("/")
+    if "namespaces" in parts[:-1]:
+        at = parts.index("namespaces")
+        parts = parts[:at] + parts[at + 2 :]
+    base = 2 if parts[:1] == ["api"] else 3  # api/v1 or apis/<group>/<version>
+    return "/" + "/".join(parts[: base + 1])
+
+
 def _manager(agent: str) -> str:
     """The field manager the real server records for a request: its User-Agent's program name."""
     return agent.split("/", 1)[0] or "unknown"
@@ -634,6 +649,8 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                 data = body
             else:
                 data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            with api._lock:
+                api.encoded_bytes[f"{'text' if text else 'json'} {_resource(self.path)}"] += len(data)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain" if text else "application/json")
