@@ -14,6 +14,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from job.adapters.datastores.base import DatastoreError
 from job.adapters.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, Window
 from job.adapters.retry import RetryPolicy
 from job.config import Config, EtcdEndpoint
@@ -167,3 +168,31 @@ def test_the_ipam_pages_are_asked_for_while_the_kubernetes_names_are_awaited(etc
     finally:
         store.close()
     assert [h.name for h in inventory.hosts] == ["a"] and [b.cidr for b in inventory.blocks] == ["10.9.0.0/26"]
+
+
+def test_exact_keys_are_read_in_transactions_side_by_side_each_once(etcd: EtcdServer) -> None:
+    """`current` reads 128 keys a transaction, several transactions in flight: every key present
+    comes back once with its value, an absent one is left out, and a failed transaction fails
+    the read (never a partial answer)."""
+    keys = [PREFIX + b"%04d" % n for n in range(300)]
+    _put(etcd, keys)
+    store = EtcdV3Datastore(
+        Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),)), RetryPolicy()
+    )
+    try:
+        wanted = [key.decode() for key in reversed(keys)] + [PREFIX.decode() + "absent"]
+        found = store.current(wanted)
+        assert sorted(found) == sorted(key.decode() for key in keys)
+        assert all(item.value == "v" * (len(item.key) % 7) for item in found.values())
+        get = store._etcd.get
+
+        def second_fails(chunk: list[bytes], revision: int) -> list[object]:
+            if chunk[0] == keys[128]:
+                raise DatastoreError("etcd went away", "unavailable")
+            return get(chunk, revision)
+
+        store._etcd.get = second_fails  # type: ignore[method-assign]
+        with pytest.raises(DatastoreError, match="etcd went away"):
+            store.current([key.decode() for key in keys])
+    finally:
+        store.close()

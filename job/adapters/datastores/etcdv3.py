@@ -100,6 +100,9 @@ TUNNEL_FIELDS = (
     ("wireguard", "interfaceIPv6Address"),
 )
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+# Exact-key reads in flight at once (_at): 10,000 endpoints' values in 0.10 s, against 0.16-0.23 s
+# one transaction after another (5,000 hosts, this machine).
+TXNS_AT_ONCE = 4
 PAGE_BYTES = 3 << 20  # bytes a page holds at most, after the first (see scan)
 
 
@@ -161,6 +164,32 @@ class Window:
             return None
         step = max(1, (high - low) * wanted // (keys - 1))
         return Window(first[:common], high + step, step)
+
+
+def _side_by_side(work: Callable[[Any], Any], items: Sequence[Any], at_once: int) -> list[Any]:
+    """`work` on each item, at most `at_once` in flight, the results in the items' order; the
+    first failure is raised. Daemon threads: a call that hangs never holds the process at exit."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    results: list[Any] = [None] * len(items)
+    failures: list[tuple[int, BaseException]] = []
+
+    def stripe(first: int) -> None:
+        for index in range(first, len(items), at_once):
+            try:
+                results[index] = work(items[index])
+            except BaseException as error:  # handed to the caller's thread, which raises it
+                failures.append((index, error))
+                return
+
+    threads = [threading.Thread(target=stripe, args=(n,), daemon=True) for n in range(min(at_once, len(items)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise min(failures, key=lambda failure: failure[0])[1]
+    return results
 
 
 def prefix_end(prefix: str) -> bytes:
@@ -850,10 +879,14 @@ class EtcdV3Datastore:
             yield from (_text(kv.key) for kv in kvs)
 
     def _at(self, keys: Sequence[str], revision: int | None) -> dict[str, StoredItem]:
-        """Exact keys at `revision` (None: now), in transactions of 128 reads; absent keys left out."""
+        """Exact keys at `revision` (None: now), in transactions of 128 reads, TXNS_AT_ONCE of them
+        in flight; absent keys left out."""
+        chunks = [
+            [_bytes(key) for key in keys[start : start + MAX_TXN_OPS]] for start in range(0, len(keys), MAX_TXN_OPS)
+        ]
         found: dict[str, StoredItem] = {}
-        for start in range(0, len(keys), MAX_TXN_OPS):
-            for kv in self._etcd.get([_bytes(key) for key in keys[start : start + MAX_TXN_OPS]], revision or 0):
+        for kvs in _side_by_side(lambda chunk: self._etcd.get(chunk, revision or 0), chunks, TXNS_AT_ONCE):
+            for kv in kvs:
                 key = _text(kv.key)
                 found[key] = StoredItem(key, kv.mod_revision, _text(kv.value))
         return found
