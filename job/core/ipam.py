@@ -175,6 +175,12 @@ def _owner_node(attribute: Mapping[str, object]) -> str | None:
     return node if isinstance(node, str) else None
 
 
+def holds_only_cooling(block: Mapping[str, object]) -> bool:
+    """Every allocation left is an address in IP cooldown (none is anyone's)."""
+    allocations: list[int | None] = block["allocations"]  # type: ignore[assignment]
+    return all(index is None or is_cooling(_attribute(block, ordinal)) for ordinal, index in enumerate(allocations))
+
+
 def is_empty(block: Mapping[str, object]) -> bool:
     """No allocations left, ignoring Windows-reserved ones (as Calico counts it)."""
     allocations: list[int | None] = block["allocations"]  # type: ignore[assignment]
@@ -568,6 +574,7 @@ class IpamRelease:
     steps: tuple[Step, ...] = ()
     problem: str | None = None
     kept: tuple[tuple[str, str], ...] = ()
+    cooling: tuple[str, ...] = ()  # the host's blocks that keep its affinity while their addresses cool
 
 
 def _host_ordinals(host: CalicoHost, index: IpamIndex) -> tuple[dict[str, set[int]], list[tuple[str, str]]]:
@@ -620,6 +627,7 @@ class _BlockEdit:
     purpose: str
     writes: list[Write]
     after: JsonObject | None
+    cooling: bool = False  # the host's own block, kept with its affinity while its addresses cool
 
 
 def _edit_block(
@@ -631,25 +639,37 @@ def _edit_block(
     actions: list[str] = []
     freed: Counter[str] = Counter()
     after: JsonObject | None = None
+    cooling = False
     if block is not None:
         data = after = block_data(block)
+        owned = affinity_host(data) == host.name
+        holds = index.cooldown is not None and index.cooldown.seconds > 0  # a release puts addresses in cooldown
         if ordinals:
             data, freed = release(data, ordinals)
-            goes = is_empty(data) and (affinity_host(data) == host.name or data.get("affinity") is None)
-            if not goes and index.cooldown is not None:
-                # A block that stays: its addresses are released as Calico releases them (cooldown).
+            goes = is_empty(data) and (owned or data.get("affinity") is None)
+            if index.cooldown is not None and (not goes or (owned and holds)):
+                # A block that stays, or the host's own under a cooldown: its addresses are released
+                # as Calico releases them (cooldown), and what has cooled is freed.
                 data, freed = release(block_data(block), ordinals, index.cooldown)
             after = data
             actions.append(f"release {sum(freed.values())} IPs")
-        if affinity_host(data) == host.name:
+        elif owned and index.cooldown is not None:
+            data = block_data(block)  # what has cooled, freed in a copy: written only if the block goes
+            collect_cooled(data, index.cooldown)
+        if owned:
             if is_empty(data):
                 writes.append(_delete_emptied(block.item, data))
                 after = None
                 actions.append("delete the empty block")
+            elif holds and holds_only_cooling(data):
+                # The host's addresses cool in it: it keeps the affinity until they have, as
+                # kube-controllers holds it, for a new claim of the CIDR would reuse them at once.
+                cooling, affinity = True, None
+                if ordinals:
+                    writes.append(_write(block.item, data))
+                actions.append("keep the block and its affinity until its addresses have cooled")
             else:
                 after = without_affinity(data)
-                if index.cooldown is not None:
-                    collect_cooled(after, index.cooldown)  # any block written: what has cooled is freed
                 writes.append(_write(block.item, after))
                 actions.append("keep the block, which still lends IPs, without affinity")
         elif freed:
@@ -661,7 +681,7 @@ def _edit_block(
     if affinity is not None:
         writes.append(affinity)
         actions.append("delete the affinity")
-    return _BlockEdit(f"block {cidr}: " + ", ".join(actions), writes, after), freed
+    return _BlockEdit(f"block {cidr}: " + ", ".join(actions), writes, after, cooling), freed
 
 
 def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
@@ -682,6 +702,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         return IpamRelease(problem="an IPAM block of this host could not be parsed")
     targets, kept = _host_ordinals(host, index)
     edits: dict[str, _BlockEdit] = {}
+    cooling: list[str] = []
     first_freed_in: dict[str, str | None] = {}  # handle -> the block step that writes it
     for cidr in sorted(set(targets) | set(index.affine.get(host.name, ())) | set(affinities)):
         affinity = affinities.get(cidr)
@@ -690,6 +711,8 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         )
         if edit.writes:
             edits[cidr] = edit
+        if edit.cooling:
+            cooling.append(cidr)
         for handle_id in sorted(freed):
             first_freed_in.setdefault(handle_id, cidr if edit.writes else None)
     for prefix in TUNNEL_HANDLE_PREFIXES:
@@ -712,7 +735,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         steps += _steps("repair IPAM handles", handle_writes[None], [])
     for cidr, edit in edits.items():
         steps += _steps(edit.purpose, handle_writes.get(cidr, []), edit.writes)
-    return IpamRelease(tuple(steps), kept=tuple(kept))
+    return IpamRelease(tuple(steps), kept=tuple(kept), cooling=tuple(cooling))
 
 
 def _held_after(key: str, handle_id: str, edits: Mapping[str, _BlockEdit], index: IpamIndex) -> int | None:

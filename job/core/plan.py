@@ -55,6 +55,7 @@ GRACE_PERIOD = "grace_period"
 CONFLICT_GRACE_PERIOD = "conflict_grace_period"
 MAX_DELETIONS = "max_deletions"
 ADDRESSES_KEPT = "addresses_kept"  # only addresses that stay are left of it (a VM's: kept.py)
+ADDRESSES_COOLING = "addresses_cooling"  # only its blocks are left, holding addresses in IP cooldown
 # What a run does about a stale handle (docs/calico-data.md, "Stale handles").
 HANDLE_SEEN = "seen_once"  # first seen stale at this revision: repaired if still so, unchanged, later
 HANDLE_WOULD_REPAIR = "would_repair"
@@ -227,7 +228,8 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], No
 
     IPAM first (each block with the handles it frees), then the host's own keys, and the Node
     last, so that an interrupted run leaves a host that is still found next time. A host whose
-    only data left is addresses that stay (kept.py) has nothing to remove (ADDRESSES_KEPT).
+    only data left is addresses that stay (kept.py) has nothing to remove (ADDRESSES_KEPT), nor
+    one whose blocks hold only addresses in IP cooldown: they go once cooled (ADDRESSES_COOLING).
     """
     release = plan_release(host, index)
     if release.problem is not None:
@@ -245,6 +247,12 @@ def host_steps(host: CalicoHost, index: IpamIndex) -> tuple[tuple[Step, ...], No
         kept = ", ".join(f"{ip} ({why})" for ip, why in release.kept)
         return (), NotRemoved(
             ADDRESSES_KEPT, f"nothing else left; its addresses stay while their VM or migration does: {kept}"
+        )
+    if not steps and release.cooling:
+        blocks = ", ".join(release.cooling)
+        return (), NotRemoved(
+            ADDRESSES_COOLING,
+            f"nothing else left; block {blocks} keeps its affinity until the addresses released in it have cooled",
         )
     return tuple(steps), None
 

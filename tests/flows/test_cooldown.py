@@ -18,6 +18,7 @@ from tests.support.groups import Group
 from tests.support.kubeapi import KubeApiServer
 
 LIVE_A_BLOCK = "100-96-1-0-26"
+GONE_BLOCK = "100-96-9-0-26"  # the gone node's own, lending nothing
 
 
 def cooldown(kubeapi: KubeApiServer, group: Group, seconds: int) -> None:
@@ -86,10 +87,43 @@ def test_a_release_in_a_block_that_stays_is_a_cooldown_and_what_has_cooled_is_fr
     assert "30" not in spec["sequenceNumberForAllocation"]
     assert attributes[spec["allocations"][31]]["releasedAt"] == "2026-11-30T11:56:00Z", "still cooling: kept"
     assert not any(a.get("handle_id") == "k8s-pod-network.cart-2" for a in attributes)
-    # The gone node's own blocks still go whole: a deleted block's addresses are no one's.
-    assert harness.kubeapi.get(f"{group.path}/ipamblocks", "100-96-9-0-26") is None
+    # The gone node's own block keeps its affinity while what it held cools (own_block_cools).
+    own = harness.kubeapi.get(f"{group.path}/ipamblocks", GONE_BLOCK)
+    assert own is not None and own["spec"]["affinity"] == f"host:{GONE}"
     # The handle went with the address, at once, as Calico's release lowers it.
     assert harness.kubeapi.get(f"{group.path}/ipamhandles", "k8s-pod-network.cart-2") is None
+
+
+def test_a_gone_nodes_own_block_keeps_its_affinity_until_its_addresses_have_cooled(
+    harness: Harness, group: Group
+) -> None:
+    """As kube-controllers holds it: the addresses the gone node held go into cooldown in its
+    block, which keeps the node's affinity, for a new claim of the CIDR would hand them out at
+    once. Until they have cooled the node is `skipped` (addresses_cooling); then the block and
+    its affinity go."""
+    seed_kdd(harness.kubeapi, group)
+    cooldown(harness.kubeapi, group, 600)
+    config = kdd(harness, apply=True)
+    report, code = harness.run(config)
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    own = harness.kubeapi.get(f"{group.path}/ipamblocks", GONE_BLOCK)
+    assert own is not None and own["spec"]["affinity"] == f"host:{GONE}"
+    spec = own["spec"]
+    held = [i for i, index in enumerate(spec["allocations"]) if index is not None]
+    assert held and all(
+        spec["attributes"][spec["allocations"][i]] == {"releasedAt": "2026-11-30T12:00:00Z"} for i in held
+    )
+    assert f"{GONE}-{GONE_BLOCK}" in harness.kubeapi.objects[f"{group.path}/blockaffinities"]
+    harness.now += timedelta(minutes=9)
+    report, code = harness.run(config)
+    decision = hosts_by_name(report)[GONE]
+    assert code == 0 and (decision["action"], decision["reason"]) == ("skipped", "addresses_cooling"), decision
+    assert harness.kubeapi.get(f"{group.path}/ipamblocks", GONE_BLOCK) is not None, "still cooling: 9 minutes of 10"
+    harness.now += timedelta(minutes=2)
+    report, code = harness.run(config)
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    assert harness.kubeapi.get(f"{group.path}/ipamblocks", GONE_BLOCK) is None, "cooled: the block goes"
+    assert not any(name.startswith(GONE) for name in harness.kubeapi.objects[f"{group.path}/blockaffinities"])
 
 
 def test_a_block_whose_cooled_addresses_nothing_frees_is_reported(harness: Harness, group: Group) -> None:
