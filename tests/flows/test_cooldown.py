@@ -219,3 +219,27 @@ def test_on_etcd_with_nothing_cooling_and_no_setting_a_release_frees_at_once(har
     block = etcd_block(harness)
     assert released(block, 40) is None and 40 in block["unallocated"]
     assert not any("releasedAt" in attribute for attribute in block["attributes"])
+
+
+def test_on_etcd_a_gone_hosts_own_block_goes_once_what_it_held_has_cooled(harness: Harness) -> None:
+    """The conflicting orphan's own block holds only its tunnel address: under the assumed
+    cooldown it stays, with the host's affinity, until that address has cooled; a run after
+    that deletes both, though the host's Calico Node went in the first run."""
+    harness.seed(etcd_cooling_cluster())
+    config = harness.config(apply=True)
+    block = "/calico/ipam/v2/assignment/ipv4/block/100.96.13.0-26"
+    affinity = f"/calico/ipam/v2/host/{s.CONFLICT_ORPHAN}/ipv4/block/100.96.13.0-26"
+    report, code = harness.run(config)
+    assert code == 0 and hosts_by_name(report)[s.CONFLICT_ORPHAN]["action"] == "deleted"
+    kept = harness.dump()
+    assert affinity in kept and block in kept
+    assert json.loads(kept[block][0])["attributes"] == [{"releasedAt": "2026-11-30T12:00:00Z"}]
+    harness.now += timedelta(minutes=19)
+    report, code = harness.run(config)
+    decision = hosts_by_name(report)[s.CONFLICT_ORPHAN]
+    assert code == 0 and (decision["action"], decision["reason"]) == ("skipped", "addresses_cooling"), decision
+    harness.now += timedelta(minutes=2)
+    report, code = harness.run(config)
+    assert code == 0 and hosts_by_name(report)[s.CONFLICT_ORPHAN]["action"] == "deleted"
+    left = harness.dump()
+    assert block not in left and affinity not in left
