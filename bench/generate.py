@@ -229,6 +229,25 @@ def datastore(
             }
         ),
     )
+    # The Profile kube-controllers keeps for each namespace (etcd mode), as it writes it.
+    for team in sorted(
+        {namespace(h, p, NAMESPACES[shape]) for h in range(hosts) for p in range(2 * pods_per_host + 1)}
+    ):
+        yield (
+            f"{R}profiles/kns.{team}",
+            _dump(
+                {
+                    "kind": "Profile",
+                    "apiVersion": "projectcalico.org/v3",
+                    "metadata": {"name": f"kns.{team}", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                    "spec": {
+                        "ingress": [{"action": "Allow", "source": {}, "destination": {}}],
+                        "egress": [{"action": "Allow", "source": {}, "destination": {}}],
+                        "labelsToApply": {"pcns.projectcalico.org/name": team},
+                    },
+                }
+            ),
+        )
     for index in range(hosts):
         orphan = index in gone
         pods = pods_on(index, pods_per_host, shape)

@@ -475,9 +475,7 @@ def _decide(
         if unread:
             more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", deps.datastore.handles, sorted(unread))
             handles = {**handles, **more}
-    plan = plan_run(
-        inventory, kube.nodes, grace_state, now, config, reported, stale, kube.kubevirt, bool(scan.cooling)
-    )
+    plan = plan_run(inventory, kube.nodes, grace_state, now, config, reported, stale, kube.kubevirt, bool(scan.cooling))
     keep = plan.keep
     assert keep is not None, "plan_run always gives the rule"
     leak_plan = None

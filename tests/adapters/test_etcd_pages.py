@@ -38,7 +38,7 @@ def _put(etcd: EtcdServer, keys: list[bytes]) -> None:
         requests.post(f"{etcd.url}/v3/kv/txn", json={"success": puts}, timeout=30).raise_for_status()
 
 
-def _read(etcd: EtcdServer, page_size: int) -> tuple[list[bytes], int, int]:
+def _read(etcd: EtcdServer, page_size: int, bounds: list[bytes] | None = None) -> tuple[list[bytes], int, int]:
     """Every key under PREFIX as the job's scan pages them, how many ranges it asked for, and
     how many keys etcd counted for them (as the report says them: `datastore.ranges`)."""
     store = EtcdV3Datastore(
@@ -46,7 +46,7 @@ def _read(etcd: EtcdServer, page_size: int) -> tuple[list[bytes], int, int]:
         RetryPolicy(),
     )
     try:
-        keys = [kv.key for kvs, _ in store.scan(PREFIX.decode()) for kv in kvs]
+        keys = [kv.key for kvs, _ in store.scan(PREFIX.decode(), bounds=bounds or []) for kv in kvs]
         ranges = store.describe()["ranges"]
     finally:
         store.close()
@@ -97,12 +97,36 @@ def test_windows_spare_etcd_the_count_of_the_rest_of_the_prefix(etcd: EtcdServer
 @given(
     tails=st.lists(st.binary(min_size=0, max_size=12), max_size=40, unique=True),
     page_size=st.integers(min_value=1, max_value=6),
+    hints=st.lists(st.binary(max_size=12), max_size=6),
 )
-def test_any_keys_at_any_page_size(etcd: EtcdServer, tails: list[bytes], page_size: int) -> None:
+def test_any_keys_at_any_page_size(etcd: EtcdServer, tails: list[bytes], page_size: int, hints: list[bytes]) -> None:
+    """Bounds anywhere, on keys or between them, before or after all: still every key once."""
     keys = [PREFIX + tail for tail in tails]
     _put(etcd, keys + OUTSIDE)
-    read, _, _ = _read(etcd, page_size)
+    read, _, _ = _read(etcd, page_size, sorted(PREFIX + hint for hint in hints))
     assert read == sorted(keys)
+
+
+def test_namespace_bounds_spare_etcd_the_count_across_namespaces(etcd: EtcdServer) -> None:
+    """Endpoints of 30 namespaces of very different sizes: where windows guess across a
+    namespace's end, etcd counts far past it; bounded at each namespace's start, each range
+    counts little more than it returns. A namespace without a bound (one Kubernetes no longer
+    has) is read all the same."""
+    chance = random.Random(7)
+    keys = sorted(
+        {
+            PREFIX + f"team-{ns}/ip--10--{chance.randrange(20)}--{chance.randrange(250)}--10-app--{i}-eth0".encode()
+            for ns in range(30)
+            for i in range(chance.choice([2, 10, 40, 150, 400]))
+        }
+    )
+    _put(etcd, keys)
+    plain, _, guessed = _read(etcd, 50)
+    starts = sorted({PREFIX + key[len(PREFIX) :].split(b"/")[0] + b"/" for key in keys})
+    read, asked, counted = _read(etcd, 50, [b for b in starts if b != PREFIX + b"team-7/"])
+    assert read == plain == keys
+    assert counted < 2.5 * len(keys) and 4 * counted < guessed, (counted, guessed, len(keys))
+    assert asked < len(keys) / 50 + len(starts) + 10
 
 
 @given(first=st.binary(min_size=1, max_size=20), gap=st.binary(min_size=1, max_size=20), keys=st.integers(2, 5000))

@@ -247,3 +247,17 @@ def test_many_keys_are_deleted_in_transactions_of_at_most_128(harness: Harness) 
     assert code == 0 and hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
     assert not [k for k in harness.dump() if "batch/" in k or "100.97.0.0" in k]
     calico.wipe(harness.etcd.url)
+
+
+def test_endpoints_of_a_namespace_without_a_profile_are_read_all_the_same(harness: Harness) -> None:
+    """The namespace profiles only bound the endpoints' page windows (etcdv3.scan): the gone
+    node's endpoints in `shop`, which has none (a namespace Kubernetes no longer has), go too."""
+    scenario = s.kops_cluster()
+    for namespace in ("default", "kube-system", "zz-last"):
+        scenario.seed.namespace_profile(namespace)
+    harness.seed(scenario)
+    assert any("/workloadendpoints/shop/" in key for key in harness.dump())
+    report, code = harness.run(harness.config(apply=True, page_size=1))
+    assert code == 0 and hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
+    left = [key for key in harness.dump() if "/workloadendpoints/shop/" in key]
+    assert left and not any("ip--10--0--1--20" in key for key in left), left

@@ -165,6 +165,15 @@ class CalicoSeed:
         entry["block"][cidr] = entry["block"].get(cidr, 0) + 1
         self.keys[f"/calico/ipam/v2/handle/{handle}"] = _dump(entry)
 
+    def namespace_profile(self, namespace: str) -> str:
+        """The Profile kube-controllers keeps for a Kubernetes namespace (etcd mode)."""
+        spec = {
+            "ingress": [{"action": "Allow"}],
+            "egress": [{"action": "Allow"}],
+            "labelsToApply": {"pcns.projectcalico.org/name": namespace},
+        }
+        return self.resource("profiles", f"kns.{namespace}", "Profile", spec)
+
     def cooling(self, ips: tuple[str, ...], released_at: str) -> None:
         """Addresses in IP cooldown (Calico 3.32+) as its release leaves them: pointed at one
         attribute holding only `releasedAt`, off `unallocated`, the sequence number kept."""
