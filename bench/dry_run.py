@@ -37,6 +37,7 @@ from job.adapters.datastores.etcdv3 import (
     HOST_GROUPS,
     IPAM_GROUPS,
     PREFIXES,
+    WORKLOAD_ENDPOINTS,
     EtcdV3Datastore,
     KeyValue,
     prefix_end,
@@ -129,8 +130,9 @@ def parallel_read_seconds(config: Config) -> float:
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     revision = store.range(PREFIXES[0], None, None).header.revision
+    bounds = {WORKLOAD_ENDPOINTS: store._namespace_starts(revision)}
     for groups in (HOST_GROUPS, IPAM_GROUPS):
-        with store._items(revision, groups) as items:
+        with store._items(revision, groups, bounds=bounds) as items:
             sum(len(kvs) for _, kvs in items)
     seconds = time.perf_counter() - started
     store.close()

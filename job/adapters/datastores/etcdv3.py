@@ -15,9 +15,9 @@ import socket
 import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -51,6 +51,9 @@ from job.core.scan import BlockScan, find_dangling
 
 if TYPE_CHECKING:
     from job.adapters.datastores.etcd_grpc import EtcdGrpc
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 RESOURCES = "/calico/resources/v3/projectcalico.org/"
 NODES = RESOURCES + "nodes/"
@@ -170,12 +173,12 @@ class Window:
         return Window(first[:common], high + step, step)
 
 
-def _side_by_side(work: Callable[[Any], Any], items: Sequence[Any], at_once: int) -> list[Any]:
+def _side_by_side(work: Callable[[T], R], items: Sequence[T], at_once: int) -> list[R]:
     """`work` on each item, at most `at_once` in flight, the results in the items' order; the
     first failure is raised. Daemon threads: a call that hangs never holds the process at exit."""
     if len(items) < 2:
         return [work(item) for item in items]
-    results: list[Any] = [None] * len(items)
+    results: dict[int, R] = {}
     failures: list[tuple[int, BaseException]] = []
 
     def stripe(first: int) -> None:
@@ -193,7 +196,7 @@ def _side_by_side(work: Callable[[Any], Any], items: Sequence[Any], at_once: int
         thread.join()
     if failures:
         raise min(failures, key=lambda failure: failure[0])[1]
-    return results
+    return [results[index] for index in range(len(items))]
 
 
 def _next_bound(bounds: Sequence[bytes], start: bytes, end: bytes | None) -> bytes | None:
@@ -678,7 +681,6 @@ class EtcdV3Datastore:
         # range's start to its end, whatever its limit: the work windows spare it).
         self._ranges = {"requests": 0, "keys": 0, "keys_counted": 0}
         self._ranges_lock = threading.Lock()
-        self._bounds: dict[str, list[bytes]] = {}  # per prefix, where its page windows stop (scan)
 
     def describe(self) -> dict[str, object]:
         with self._ranges_lock:
@@ -754,13 +756,17 @@ class EtcdV3Datastore:
 
     @contextlib.contextmanager
     def _items(
-        self, revision: int, groups: Sequence[tuple[str, ...]], prefix_read: Callable[[str], None] | None = None
+        self,
+        revision: int,
+        groups: Sequence[tuple[str, ...]],
+        prefix_read: Callable[[str], None] | None = None,
+        bounds: Mapping[str, Sequence[bytes]] | None = None,
     ) -> Iterator[Iterator[tuple[str, Sequence[KeyValue]]]]:
         """Every page of every prefix at `revision`, with its prefix, each group's prefixes
         scanned in turn, the groups side by side. `prefix_read` is called with each prefix once
-        all its pages are yielded and handled. The workers start on entry, so that
-        etcd serves the first pages while the caller still waits on something else; they stop
-        on exit.
+        all its pages are yielded and handled; `bounds` are a prefix's page-window bounds (scan).
+        The workers start on entry, so that etcd serves the first pages while the caller still
+        waits on something else; they stop on exit.
 
         Within a prefix pages must follow one another; across prefixes they need not, so the
         large prefixes are scanned by their own workers while this thread files the pages: etcd
@@ -782,7 +788,7 @@ class EtcdV3Datastore:
         def scan_all(prefixes: tuple[str, ...]) -> None:
             try:
                 for prefix in prefixes:
-                    for kvs, _ in self.scan(prefix, revision, bounds=self._bounds.get(prefix, ())):
+                    for kvs, _ in self.scan(prefix, revision, bounds=(bounds or {}).get(prefix, ())):
                         deliver((prefix, kvs))
                     deliver(prefix)  # after its last page: every key of it is filed
                 deliver(None)
@@ -835,14 +841,14 @@ class EtcdV3Datastore:
             with self._items(revision, HOST_GROUPS) as items:
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
-            self._bounds[WORKLOAD_ENDPOINTS] = self._namespace_starts(revision)
+            bounds = {WORKLOAD_ENDPOINTS: self._namespace_starts(revision)}
 
             def prefix_read(prefix: str) -> None:
                 if prefix == BLOCKS and collected.live is not None:
                     scanning(collected).blocks_read()
 
             # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
-            with self._items(revision, IPAM_GROUPS, prefix_read) as items:
+            with self._items(revision, IPAM_GROUPS, prefix_read, bounds) as items:
                 identify(collected)  # while the names may still be on their way
                 names = None if kube_names is None else kube_names()
                 if names is not None:
