@@ -10,6 +10,7 @@ import base64
 import hashlib
 import ipaddress
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,13 @@ def allocation_attribute(
     if alternate:
         attribute["alternateOwnerAttrs"] = alternate
     return attribute
+
+
+def block_slot(cidrs: Iterable[str], ip: str) -> tuple[str, int]:
+    """The seeded block an address is in, and its ordinal there."""
+    address = ipaddress.ip_address(ip)
+    cidr = next(c for c in cidrs if address in ipaddress.ip_network(c))
+    return cidr, int(address) - int(ipaddress.ip_network(cidr).network_address)
 
 
 def allocate_in(block: dict[str, Any], ordinal: int, attribute: dict[str, Any]) -> None:
@@ -143,23 +151,11 @@ class CalicoSeed:
         version = ipaddress.ip_network(cidr).version
         self.keys[f"/calico/ipam/v2/assignment/ipv{version}/block/{cidr.replace('/', '-')}"] = _dump(self.blocks[cidr])
 
-    def allocate(
-        self,
-        ip: str,
-        handle: str,
-        node: str,
-        kind: str | None = None,
-        pod: str | None = None,
-        namespace: str | None = None,
-        vm: str | None = None,
-        alternate: dict[str, str] | None = None,
-    ) -> None:
-        """An allocation as Calico's CNI plugin and IPAM write it (allocation_attribute, allocate_in)."""
-        address = ipaddress.ip_address(ip)
-        cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
-        block = self.blocks[cidr]
-        ordinal = int(address) - int(ipaddress.ip_network(cidr).network_address)
-        allocate_in(block, ordinal, allocation_attribute(handle, node, kind, pod, namespace, vm, alternate))
+    def allocate(self, ip: str, handle: str, node: str, **owner: Any) -> None:
+        """An allocation as Calico's CNI plugin and IPAM write it; `owner`: allocation_attribute's
+        (kind, pod, namespace, vm, alternate)."""
+        cidr, ordinal = block_slot(self.blocks, ip)
+        allocate_in(self.blocks[cidr], ordinal, allocation_attribute(handle, node, **owner))
         self._sync_block(cidr)
         entry = self.handles.setdefault(handle, {"block": {}, "deleted": False})
         entry["block"][cidr] = entry["block"].get(cidr, 0) + 1
@@ -178,9 +174,7 @@ class CalicoSeed:
         """Addresses in IP cooldown (Calico 3.32+) as its release leaves them: pointed at one
         attribute holding only `releasedAt`, off `unallocated`, the sequence number kept."""
         for ip in ips:
-            address = ipaddress.ip_address(ip)
-            cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
-            ordinal = int(address) - int(ipaddress.ip_network(cidr).network_address)
+            cidr, ordinal = block_slot(self.blocks, ip)
             allocate_in(self.blocks[cidr], ordinal, {"releasedAt": released_at})
             self._sync_block(cidr)
 

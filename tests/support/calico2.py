@@ -9,6 +9,8 @@ from typing import Any
 
 import requests
 
+from tests.support.calico import block_slot
+
 
 def _session() -> requests.Session:
     session = requests.Session()
@@ -54,10 +56,8 @@ class Calico2Seed:
         self.put(key, json.dumps(self.blocks[cidr]))
 
     def allocate(self, ip: str, handle: str | None) -> None:
-        address = ipaddress.ip_address(ip)
-        cidr = next(c for c in self.blocks if address in ipaddress.ip_network(c))
+        cidr, ordinal = block_slot(self.blocks, ip)
         block = self.blocks[cidr]
-        ordinal = int(address) - int(ipaddress.ip_network(cidr).network_address)
         block["attributes"].append({"handle_id": handle, "secondary": None})
         block["allocations"][ordinal] = len(block["attributes"]) - 1
         block["unallocated"].remove(ordinal)
