@@ -353,11 +353,9 @@ def cluster_objects(nodes: int, pods: int) -> Iterator[tuple[str, dict[str, Any]
 
 def encoded(server: KubeApiServer, work: Callable[[], T], into: list[Counter[str]]) -> T:
     """`work`'s result; what the server encoded meanwhile is appended to `into`."""
-    with server._lock:
-        server.encoded_bytes.clear()
+    server.take_encoded_bytes()
     result = work()
-    with server._lock:
-        into.append(Counter(server.encoded_bytes))
+    into.append(server.take_encoded_bytes())
     return result
 
 

@@ -240,12 +240,13 @@ def test_the_server_counts_the_bytes_it_encodes_per_format_and_resource(kubeapi:
     (namespaced paths and object names folded in, as the real server's metrics fold them)."""
     kubeapi.add_node("n1", "10.0.0.1")
     kubeapi.add_node("n2", "10.0.0.2")
-    kubeapi.encoded_bytes.clear()
+    kubeapi.take_encoded_bytes()
     nodes = requests.get(f"{kubeapi.url}/api/v1/nodes?limit=1", timeout=10)
     one = requests.get(f"{kubeapi.url}/api/v1/nodes/n2", timeout=10)
     missing = requests.get(f"{kubeapi.url}/api/v1/namespaces/default/pods/none", timeout=10)
     assert (nodes.status_code, one.status_code, missing.status_code) == (200, 200, 404)
-    assert kubeapi.encoded_bytes == {
+    assert kubeapi.take_encoded_bytes() == {
         "json /api/v1/nodes": len(nodes.content) + len(one.content),
         "json /api/v1/pods": len(missing.content),
     }
+    assert kubeapi.take_encoded_bytes() == {}, "each call counts anew"

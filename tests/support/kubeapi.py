@@ -234,6 +234,12 @@ class KubeApiServer:
                 self._encoded[(collection, metadata["name"])] = json.dumps(obj).encode()
             return obj
 
+    def take_encoded_bytes(self) -> Counter[str]:
+        """What the server encoded since the last call (`encoded_bytes`), counting anew from here."""
+        with self._lock:
+            taken, self.encoded_bytes = self.encoded_bytes, Counter()
+        return taken
+
     def get(self, collection: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self.objects.get(collection, {}).get(name)
