@@ -5,13 +5,15 @@ realistic spec and status, 105,000 IPAMHandles, 5,000 IPAMBlocks and BlockAffini
 Nodes deleted, spread through the fleet.
 
 Prints, as medians with their spread over the runs (alternated, so that drifting load hits all
-alike): the job's dry run with every orphan planned (wall time and peak RSS, as a process), one
-plain paged read of the same lists with the same client (page 500, each page parsed as JSON,
-nothing kept), `kubectl get --raw` of the same lists, paged, and the ratios (goal: at most 1.2 to
-the plain read; peak at most 200 MB). Then what 20,000 more pods on live nodes add to the peak
-(goal: at most 10 MB), and the apply: the 250 orphans' IPAM deleted, timed, with its peak, and
-checked: no block, affinity or handle names a deleted node, and every live pod's handle and
-allocation is unchanged. Only loopback traffic.
+alike): the job's dry run with every orphan planned (wall time and peak RSS, as a process), with
+Pods and Nodes in protobuf and, beside it, with a server that serves JSON only; one plain paged
+read of the same lists with the same client (page 500, each page parsed as JSON, nothing kept),
+`kubectl get --raw` of the same lists, paged, and the ratios (goal: at most 1.2 to the plain read;
+peak at most 200 MB). For each, the bytes the server encoded, per format and resource: the proxy
+for what a run costs it (goal: the dry run at most half the plain JSON read's cost). Then what
+20,000 more pods on live nodes add to the peak (goal: at most 10 MB), and the apply: the 250
+orphans' IPAM deleted, timed, with its peak, and checked: no block, affinity or handle names a
+deleted node, and every live pod's handle and allocation is unchanged. Only loopback traffic.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from typing import Any, TypeVar
 import requests
 
 from bench.dry_run import run_job, spread
-from tests.support import crds
-from tests.support.kubeapi import KubeApiServer
+from tests.support import crds, objects
+from tests.support.kubeapi import PROTOBUF, KubeApiServer
 
 T = TypeVar("T")
 
@@ -53,9 +55,10 @@ API_VERSION, _, AFFINITY_DELETED = GROUPS["v1"]
 CRD = f"/apis/{API_VERSION}"
 
 
-def lists() -> tuple[str, ...]:
-    """What one run lists, in the job's order: the Calico lists, then the Nodes and the pods (it also
-    lists the calico-node pods for health, and webhooks: tens of objects)."""
+def lists() -> tuple[tuple[str, dict[str, str]], ...]:
+    """What one run lists, in the job's order, with the same selectors: the Calico lists, then the
+    Nodes, the calico-node pods (health) and the pods on the pod network (it also lists webhooks:
+    tens of objects)."""
     calico = (
         "blockaffinities",
         "felixconfigurations",
@@ -68,7 +71,12 @@ def lists() -> tuple[str, ...]:
         "ipamblocks",
         "ipamhandles",
     )
-    return (*(f"{CRD}/{plural}" for plural in calico), "/api/v1/nodes", "/api/v1/pods")
+    return (
+        *((f"{CRD}/{plural}", {}) for plural in calico),
+        ("/api/v1/nodes", {}),
+        ("/api/v1/namespaces/kube-system/pods", {"labelSelector": "k8s-app=calico-node"}),
+        ("/api/v1/pods", {"fieldSelector": "spec.hostNetwork=false"}),
+    )
 
 
 PAGE = 500
@@ -345,6 +353,10 @@ def cluster_objects(nodes: int, pods: int) -> Iterator[tuple[str, dict[str, Any]
     yield f"{CRD}/felixconfigurations", {"metadata": {"name": "default"}, "spec": {"bpfEnabled": False}}
     for index in range(nodes):
         yield "/api/v1/nodes", node_object(index)
+        yield (
+            "/api/v1/namespaces/kube-system/pods",
+            objects.calico_node_pod(f"calico-node-{index:05d}", node_name(index), True, 0, None),
+        )
         yield from ipam_objects(index, pods)
         for pod in range(pods):
             body = pod_object(index, pod)
@@ -363,9 +375,13 @@ def mb(runs: list[Counter[str]]) -> str:
     return f"{statistics.median(sum(run.values()) for run in runs) / 1e6:.1f} MB"
 
 
+def ratio(runs: list[Counter[str]], against: list[Counter[str]]) -> float:
+    return statistics.median(sum(run.values()) for run in runs) / statistics.median(sum(r.values()) for r in against)
+
+
 def by_resource(runs: list[Counter[str]]) -> str:
-    last = runs[-1]
-    return ", ".join(f"{name.split(' ', 1)[1]} {size / 1e6:.1f} MB" for name, size in last.most_common(6))
+    """The last run's bytes per format and resource, largest first."""
+    return ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in runs[-1].most_common(7))
 
 
 def orphan_indexes(nodes: int, orphans: int) -> list[int]:
@@ -381,11 +397,12 @@ def plain_read(kubeconfig: Path) -> float:
         "import sys, time; from pathlib import Path; from bench.kdd import PAGE; from job.config import Config;"
         "from job.adapters.kube import Kube, api_client; from job.adapters.retry import RetryPolicy;"
         "kube = Kube(api_client(Config(kubeconfig=Path(sys.argv[1]))), RetryPolicy(), page_size=PAGE);"
-        "started = time.perf_counter(); [kube.list_all(path, lambda _: None) for path in sys.argv[2:]];"
+        "import json; started = time.perf_counter();"
+        "[kube.list_all(path, lambda _: None, query) for path, query in json.loads(sys.argv[2])];"
         "print(time.perf_counter() - started)"
     )
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, str(kubeconfig), *lists()], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", code, str(kubeconfig), json.dumps(lists())], check=True, capture_output=True)
     return time.perf_counter() - started
 
 
@@ -393,10 +410,10 @@ def kubectl_seconds(kubeconfig: Path) -> float:
     """`kubectl get --raw` of the same lists, page by page (the continue token read off each page)."""
     binary = str(Path(sys.executable).with_name("kubectl"))
     started = time.perf_counter()
-    for path in lists():
+    for path, selectors in lists():
         token = ""
         while True:
-            query = f"?limit={PAGE}" + (f"&continue={token}" if token else "")
+            query = "?" + urllib.parse.urlencode({**selectors, "limit": PAGE}) + (f"&continue={token}" if token else "")
             raw = subprocess.run(
                 [binary, f"--kubeconfig={kubeconfig}", "get", "--raw", path + query],
                 capture_output=True,
@@ -550,31 +567,43 @@ def main() -> int:
             "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
             "--grace-period", "0s", "--max-deletions", str(options.orphans), "--events", "off",
         ]  # fmt: skip
-        jobs, plain, kubectl = [], [], []
+        for path, selectors in lists()[-3:]:  # the server's protobuf of each object, encoded once untimed
+            server.handle("GET", f"{path}?{urllib.parse.urlencode(selectors)}", b"", media=PROTOBUF)
+        jobs, json_jobs, plain, kubectl = [], [], [], []
         job_bytes: list[Counter[str]] = []
+        json_bytes: list[Counter[str]] = []
         plain_bytes: list[Counter[str]] = []
         for _ in range(options.repeat):
             plain.append(encoded(server, lambda: plain_read(kubeconfig), plain_bytes))
             kubectl.append(kubectl_seconds(kubeconfig))
             jobs.append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), job_bytes))
-        for _, _, code, report in jobs:
+            server.serves_protobuf = False
+            json_jobs.append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), json_bytes))
+            server.serves_protobuf = True
+        for _, _, code, report in jobs + json_jobs:
             assert code == 0 and report["summary"]["would_delete"] == options.orphans, (code, report["summary"])  # type: ignore[index]
-        job_time = statistics.median(j[0] for j in jobs)
-        timings = [j[3]["timings"] for j in jobs]
-        read = statistics.median(t["datastore_read"] for t in timings)  # type: ignore[index]
-        pods_list = statistics.median(t["pods_list"] for t in timings)  # type: ignore[index]
         print(f"plain paged read of the same lists (page {PAGE}, JSON, nothing kept): {spread(plain)}")
         print(f"kubectl get --raw of the same lists, paged: {spread(kubectl)}")
-        print(
-            f"job dry run, all {options.orphans} orphans planned: {spread([j[0] for j in jobs])}; "
-            f"ratio {job_time / statistics.median(plain):.2f} to the plain read (goal <= 1.2), "
-            f"{job_time / statistics.median(kubectl):.2f} to kubectl; the Calico read {read:.2f}s, the pods list "
-            f"{pods_list:.2f}s; peak RSS {spread([j[1] for j in jobs], ' MB')} (goal <= 200)"
-        )
-        print(
-            f"bytes the API test server encoded (JSON; the proxy for its cost): the dry run {mb(job_bytes)}, "
-            f"the plain read {mb(plain_bytes)}; the dry run's by resource: {by_resource(job_bytes)}"
-        )
+        for label, runs, sent in (
+            ("Pods and Nodes in protobuf", jobs, job_bytes),
+            ("JSON only", json_jobs, json_bytes),
+        ):
+            job_time = statistics.median(j[0] for j in runs)
+            timings = [j[3]["timings"] for j in runs]
+            phases = ", ".join(
+                f"{phase} {statistics.median(t[phase] for t in timings):.2f}s"  # type: ignore[index]
+                for phase in ("datastore_read", "kubernetes_read", "pods_list")
+            )
+            print(
+                f"job dry run, all {options.orphans} orphans planned, {label}: {spread([j[0] for j in runs])}; "
+                f"ratio {job_time / statistics.median(plain):.2f} to the plain read (goal <= 1.2), "
+                f"{job_time / statistics.median(kubectl):.2f} to kubectl; {phases}; "
+                f"peak RSS {spread([j[1] for j in runs], ' MB')} (goal <= 200)"
+            )
+            print(
+                f"  bytes the API test server encoded: {mb(sent)}, {ratio(sent, plain_bytes):.2f} of the plain JSON "
+                f"read's {mb(plain_bytes)}; by resource: {by_resource(sent)}"
+            )
         if options.profile:
             profile(env, args, workdir)
         base_peak = statistics.median(j[1] for j in jobs)

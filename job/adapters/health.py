@@ -10,12 +10,15 @@ from typing import Any
 
 import structlog
 
-from job.adapters.kube import Kube, KubeError
+from job.adapters import kube_protobuf
+from job.adapters.kube import Kube, KubeError, either, json_page
 from job.config import Config
 from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
 
 log = structlog.get_logger("calico_gc.health")
 CALICO_NODE_CONTAINER = "calico-node"
+# The calico-node pods in protobuf where the server speaks it: JSON-shaped, so read alike.
+CALICO_NODE_PAGE = either("PodList", kube_protobuf.as_json, json_page, "HealthPodList")
 WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 
 
@@ -27,7 +30,13 @@ def read_health(kube: Kube, config: Config) -> HealthInputs:
         pods = [
             pod
             for namespace in config.calico_node_namespaces
-            for pod in kube.list_all(f"/api/v1/namespaces/{namespace}/pods", _calico_node_pod, selector)
+            for pod in kube.list_all(
+                f"/api/v1/namespaces/{namespace}/pods",
+                _calico_node_pod,
+                selector,
+                CALICO_NODE_PAGE,
+                kube_protobuf.ACCEPT,
+            )
         ]
         inputs.pods = tuple(_with_previous_log(kube, pod, config) for pod in pods)
     except KubeError as error:

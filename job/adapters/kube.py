@@ -1,9 +1,11 @@
 """Every call this job makes to the Kubernetes API, through the official client.
 
-Responses are read as plain JSON (`_preload_content=False`): faster than model objects for
-thousands of nodes, and tolerant of fields newer than the client. The large lists (pods, Calico's
-IPAM resources) are decoded typed, page by page (`list_all` with a `page` decoder): msgspec skips
-every field the job does not name (`managedFields`, most of a pod) without building it.
+Responses are read as raw bytes (`_preload_content=False`): faster than model objects for
+thousands of nodes, and tolerant of fields newer than the client. The large lists are decoded
+typed, page by page (`list_all` with a `page` decoder), skipping every field the job does not
+name (`managedFields`, most of a pod) without building it: Calico's kinds as JSON (msgspec), Pods
+and Nodes as protobuf where the server speaks it (kube_protobuf), which costs it far less to
+encode, and as JSON where it does not.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from job.adapters import kube_protobuf
 from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
 from job.core.kept import NO_KUBEVIRT, KubeVirt
@@ -38,6 +41,7 @@ NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
 REQUEST_TIMEOUT_S = 30
 # Host-network pods hold their node's IP, never a Calico one: the leak check does not list them.
 POD_NETWORK_PODS = "spec.hostNetwork=false"
+JSON = "application/json, */*"
 Page = Callable[[bytes], tuple[Sequence[Any], str | None]]  # a list page's items and continue token
 
 
@@ -169,15 +173,54 @@ def typed_page(item: type[msgspec.Struct]) -> Page:
     return decode
 
 
-def _json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
+def json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
     page = json.loads(raw)
     if not isinstance(page, dict) or not isinstance(page.get("items") or [], list):
         raise ValueError("not a list")
     return page.get("items") or (), (page.get("metadata") or {}).get("continue") or None
 
 
-_POD_PAGE = typed_page(_Pod)
-_NODE_PAGE = typed_page(_Node)
+def either(kind: str, record: Callable[[Any], Any], json_page: Page, message: str | None = None) -> Page:
+    """A page decoder for a core kind asked for as protobuf (kube_protobuf.ACCEPT): protobuf
+    items (read as `message`) made into the JSON decoder's records, or the JSON page of a server
+    that answered JSON."""
+
+    def decode(raw: bytes) -> tuple[Sequence[Any], str | None]:
+        if not raw.startswith(kube_protobuf.MAGIC):
+            return json_page(raw)
+        items, token = kube_protobuf.decode_list(raw, kind, message)
+        return [record(item) for item in items], token
+
+    return decode
+
+
+def _pod_record(pod: Any) -> _Pod:
+    status = pod.status
+    return _Pod(
+        _Named(pod.metadata.name, pod.metadata.namespace),
+        _PodSpec(pod.spec.nodeName or None),
+        _PodStatus(status.podIP or None, [_PodIP(entry.ip or None) for entry in status.podIPs] or None),
+    )
+
+
+def _node_record(node: Any) -> _Node:
+    status, when = node.status, kube_protobuf.when
+    return _Node(
+        _Named(node.metadata.name, node.metadata.namespace),
+        _NodeSpec([_Taint(taint.key, when(taint, "timeAdded")) for taint in node.spec.taints] or None),
+        _NodeStatus(
+            [_Address(address.type, address.address) for address in status.addresses] or None,
+            [
+                _Condition(c.type, c.status, c.reason or None, c.message or None, when(c, "lastTransitionTime"))
+                for c in status.conditions
+            ]
+            or None,
+        ),
+    )
+
+
+_POD_PAGE = either("PodList", _pod_record, typed_page(_Pod))
+_NODE_PAGE = either("NodeList", _node_record, typed_page(_Node))
 _VM_PAGE = typed_page(_VirtualMachine)
 KUBEVIRT = "/apis/kubevirt.io/v1"
 
@@ -333,9 +376,10 @@ class Kube:
         query: dict[str, Any] | None = None,
         body: dict[str, Any] | None = None,
         retry: bool = True,
+        accept: str = JSON,
     ) -> bytes:
         def attempt() -> bytes:
-            headers = {"Accept": "application/json, */*"}
+            headers = {"Accept": accept}
             if body is not None:
                 headers["Content-Type"] = "application/json"
             _, url, headers, payload, _ = self._api.param_serialize(
@@ -351,7 +395,8 @@ class Kube:
             )
             raw: bytes = response.read()
             if not 200 <= response.status <= 299:
-                raise ApiException.from_response(http_resp=response, body=raw.decode(errors="replace"), data=None)
+                said = kube_protobuf.status_json(raw) or raw.decode(errors="replace")
+                raise ApiException.from_response(http_resp=response, body=said, data=None)
             return raw
 
         try:
@@ -364,19 +409,20 @@ class Kube:
         path: str,
         parse: Callable[[Any], T | None],
         query: dict[str, Any] | None = None,
-        page: Page = _json_page,
+        page: Page = json_page,
+        accept: str = JSON,
     ) -> list[T]:
         """Every item of a collection, paged, each parsed as its page arrives (a page of full Pod
         objects is large; what is kept of them is small; `parse` returning None keeps nothing).
-        `page` decodes a page (default: JSON objects). A 410 (expired continue) restarts it, so
-        `parse` may see an item twice."""
+        `page` decodes a page (default: JSON objects) of the media `accept` asks for. A 410
+        (expired continue) restarts it, so `parse` may see an item twice."""
         for _ in range(MAX_LIST_RESTARTS):
             items: list[T] = []
             token: str | None = None
             try:
                 while True:
                     query_now = {**(query or {}), "limit": self._page_size, "continue": token}
-                    raw = self.request_bytes("GET", path, query_now)
+                    raw = self.request_bytes("GET", path, query_now, accept=accept)
                     try:
                         listed, token = page(raw)
                     except UnreadableItem as error:
@@ -431,7 +477,7 @@ class Kube:
     def list_nodes(self) -> tuple[KubeNode, ...]:
         """All Nodes, with their addresses and network-unavailable state: decoded typed, a Node is
         only those (a real one is 10-20 KB, most of it status and managedFields)."""
-        return tuple(self.list_all("/api/v1/nodes", _kube_node, page=_NODE_PAGE))
+        return tuple(self.list_all("/api/v1/nodes", _kube_node, page=_NODE_PAGE, accept=kube_protobuf.ACCEPT))
 
     def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None:
         """Every Pod on the pod network, page by page, handed to `take` as (namespace, name) and
@@ -446,7 +492,7 @@ class Kube:
                 ips = [pod.status.podIP]
             take((pod.metadata.namespace, pod.metadata.name), PodInfo(pod.spec.nodeName, tuple(ips)))
 
-        self.list_all("/api/v1/pods", one, {"fieldSelector": POD_NETWORK_PODS}, _POD_PAGE)
+        self.list_all("/api/v1/pods", one, {"fieldSelector": POD_NETWORK_PODS}, _POD_PAGE, kube_protobuf.ACCEPT)
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         """A fresh GET of one Pod; None only on 404."""

@@ -237,7 +237,9 @@ def test_a_field_the_job_reads_in_a_shape_it_cannot_read_names_the_object_and_fi
     code: int,
 ) -> None:
     """Not "a proxy in between": the answer is a Kubernetes list, one object of it is what the job
-    cannot read. (A real server validates these built-in fields; a broken proxy or aggregator may not.)"""
+    cannot read. (A real server validates these built-in fields, and its protobuf could not even
+    carry them; a broken proxy or aggregator serving JSON may not.)"""
+    harness.kubeapi.serves_protobuf = False
     seed_kdd(harness.kubeapi)  # on the Kubernetes datastore the pods are always listed (they are the endpoints)
     harness.kubeapi.add_node(s.LIVE[0], "10.0.1.10")
     harness.kubeapi.add_pod("shop", "cart", s.LIVE[0], "100.96.0.9")

@@ -9,6 +9,11 @@ AlreadyExists. Every object written gets what the real server assigns: `uid`,
 the real server does (`resourceVersionMatch` needs `resourceVersion`, neither goes with
 `continue`) and pods take the real field selectors. Faults (any status, e.g. 429/5xx/403) and
 hooks are injected per method and path.
+
+The answer's format is negotiated from `Accept` as the real server does: the core group's kinds
+in protobuf (`application/vnd.kubernetes.protobuf`, errors too) when it is the first type asked
+for, everything in JSON, and 406 when nothing asked for is served (protobuf of a custom
+resource). Protobuf comes from k8s_protobuf, which refuses a field it has no number for.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import crds, objects
+from tests.support import crds, k8s_protobuf, objects
 
 REASONS = {
     400: "BadRequest",
     403: "Forbidden",
     404: "NotFound",
+    406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
     422: "Invalid",
@@ -44,6 +50,8 @@ REASONS = {
     500: "InternalError",
     503: "ServiceUnavailable",
 }
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+JSON = "application/json"
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's (or Secret's) data
 # The fields the real server lets pods be selected by (pkg/registry/core/pod: PodToSelectableFields).
 POD_FIELDS = {
@@ -158,10 +166,13 @@ class KubeApiServer:
     # Benchmarks: keep each object's JSON as it is written and build list pages from it, as the
     # real server serves lists from its watch cache. Objects must then not be changed in place.
     cache_lists: bool = False
+    # False: JSON only, as an API server behind a proxy (or aggregator) that serves no protobuf.
+    serves_protobuf: bool = True
     # Bytes of every answer body, per format and resource ("json /api/v1/pods"): what the server
-    # had to encode, the proxy for what a run costs it (bench-kdd). Only JSON is served here.
+    # had to encode, the proxy for what a run costs it (bench-kdd).
     encoded_bytes: Counter[str] = field(default_factory=Counter)
     _encoded: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    _encoded_protobuf: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
     _listings: dict[str, tuple[tuple[int, int], list[tuple[str, str, str]]]] = field(default_factory=dict)
     _revision: int = 100
     _manager: str = "calico-gc-tests"  # the field manager of the request being served
@@ -266,6 +277,7 @@ class KubeApiServer:
         with self._lock:
             self.objects.get("/api/v1/nodes", {}).pop(name, None)
             self._encoded.pop(("/api/v1/nodes", name), None)
+            self._encoded_protobuf.pop(("/api/v1/nodes", name), None)
             self._next_revision()
 
     def fail(self, method: str, path: str, status: int, times: int = 1, body: dict[str, Any] | None = None) -> None:
@@ -303,9 +315,10 @@ class KubeApiServer:
         return str(self._revision)
 
     def handle(
-        self, method: str, raw_path: str, body: bytes, agent: str = ""
+        self, method: str, raw_path: str, body: bytes, agent: str = "", media: str = JSON
     ) -> tuple[int, dict[str, Any] | str | bytes] | None:
-        """The answer, or None to drop the connection unanswered (the client was killed)."""
+        """The answer in `media` (negotiated), or None to drop the connection unanswered (the
+        client was killed). A protobuf answer is `Protobuf` bytes."""
         path = urlsplit(raw_path).path
         action = None
         if (
@@ -323,13 +336,20 @@ class KubeApiServer:
             if current is not None:
                 self.put(route.group("collection"), current)  # type: ignore[union-attr]
         self._manager = _manager(agent)
-        answer = self._handle(method, raw_path, body)
+        answer = self._handle(method, raw_path, body, media)
         if action == "kill_after":
             self.kill()
             return None
-        return answer
+        if media != PROTOBUF or not isinstance(answer[1], dict):
+            return answer
+        try:
+            return answer[0], Protobuf(k8s_protobuf.answer(answer[1]))
+        except k8s_protobuf.Unencodable as error:  # a gap of this server's, never the client's fault
+            return 500, Protobuf(k8s_protobuf.answer(status_body(500, f"API test server: {error}")))
 
-    def _handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any] | str | bytes]:
+    def _handle(
+        self, method: str, raw_path: str, body: bytes, media: str = JSON
+    ) -> tuple[int, dict[str, Any] | str | bytes]:
         parts = urlsplit(raw_path)
         with self._lock:
             self.requests.append((method, parts.path))
@@ -371,7 +391,7 @@ class KubeApiServer:
             if not isinstance(payload, dict):
                 return 400, status_body(400, "the body of the request is not a JSON object")
             try:
-                return self._serve(method, collection, plural, name, query, payload, crd, sub == "status")
+                return self._serve(method, collection, plural, name, query, payload, crd, sub == "status", media)
             except crds.Invalid as error:
                 return 422, status_body(422, error.message, error.details())
 
@@ -385,6 +405,7 @@ class KubeApiServer:
         payload: dict[str, Any],
         crd: crds.Crd | None = None,
         status: bool = False,
+        media: str = JSON,
     ) -> tuple[int, Any]:
         """One request. With a status subresource (a CRD that declares it; core kinds always), a
         write of the object keeps its status and a write of `/status` changes only the status."""
@@ -392,7 +413,7 @@ class KubeApiServer:
         kind = KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
         if method == "GET" and name is None:
-            return self._list(self._listing(collection, plural), kind, query, plural)
+            return self._list(self._listing(collection, plural), kind, query, plural, media)
         if method in ("POST", "PUT") and plural in ("configmaps", "secrets"):
             size = sum(len(str(v)) for v in (payload.get("data") or {}).values())
             size += sum(len(base64.b64decode(v)) for v in (payload.get("binaryData") or {}).values())
@@ -458,6 +479,7 @@ class KubeApiServer:
                     )
             del items[name]
             self._encoded.pop((collection, name), None)
+            self._encoded_protobuf.pop((collection, name), None)
             self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
             return 200, current
         return 405, status_body(405, "method not allowed")
@@ -545,7 +567,7 @@ class KubeApiServer:
         return found
 
     def _list(
-        self, listing: list[tuple[str, str, str]], kind: str, query: dict[str, str], plural: str
+        self, listing: list[tuple[str, str, str]], kind: str, query: dict[str, str], plural: str, media: str = JSON
     ) -> tuple[int, Any]:
         token = query.get("continue")
         version, match = query.get("resourceVersion"), query.get("resourceVersionMatch")
@@ -597,10 +619,45 @@ class KubeApiServer:
             if not wanted and not fields:  # as the real server: unknown under a selector
                 metadata["remainingItemCount"] = len(listing) - position + 1
         head = {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata}
+        if media == PROTOBUF:
+            try:
+                items = [self._protobuf(c, n, kind) for _, c, n in page]
+            except k8s_protobuf.Unencodable as error:
+                return 500, status_body(500, f"API test server: {error}")
+            return 200, Protobuf(k8s_protobuf.listing(head["kind"], metadata, items))
         if not self.cache_lists:
             return 200, {**head, "items": [self.objects[c][n] for _, c, n in page]}
         encoded = [self._encoded.get((c, n)) or json.dumps(self.objects[c][n]).encode() for _, c, n in page]
         return 200, json.dumps(head).encode()[:-1] + b', "items": [' + b", ".join(encoded) + b"]}"
+
+    def _protobuf(self, collection: str, name: str, kind: str) -> bytes:
+        """One stored object in protobuf; with `cache_lists`, encoded once per resourceVersion."""
+        obj = self.objects[collection][name]
+        if not self.cache_lists:
+            return k8s_protobuf.message(kind, obj)
+        version = obj["metadata"].get("resourceVersion", "")
+        cached = self._encoded_protobuf.get((collection, name))
+        if cached is None or cached[0] != version:
+            cached = version, k8s_protobuf.message(kind, obj)
+            self._encoded_protobuf[(collection, name)] = cached
+        return cached[1]
+
+
+class Protobuf(bytes):
+    """An answer body already encoded as Kubernetes protobuf."""
+
+
+def negotiate(accept: str, path: str, protobuf: bool = True) -> str | None:
+    """The media type to answer in: the first type `accept` lists that the resource is served in
+    (protobuf: the built-in kinds, here the core group; JSON: everything); None: 406."""
+    served = {JSON: JSON, "application/*": JSON, "*/*": JSON}
+    if protobuf and path.startswith("/api/"):
+        served[PROTOBUF] = PROTOBUF
+    for entry in (accept or "*/*").split(","):
+        media = served.get(entry.split(";")[0].strip())
+        if media:
+            return media
+    return None
 
 
 def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
@@ -645,21 +702,29 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
         def _respond(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
-            answer = api.handle(self.command, self.path, body, self.headers.get("User-Agent") or "")
+            accept = self.headers.get("Accept") or ""
+            media = negotiate(accept, urlsplit(self.path).path, api.serves_protobuf)
+            answer = (
+                api.handle(self.command, self.path, body, self.headers.get("User-Agent") or "", media)
+                if media
+                else (406, status_body(406, f"only the following media types are accepted: {JSON}, not {accept}"))
+            )
             if answer is None:
                 self.close_connection = True
                 return
             status, body = answer
-            text = isinstance(body, str)
-            if isinstance(body, bytes):
-                data = body
+            if isinstance(body, Protobuf):
+                data, form, content_type = bytes(body), "protobuf", PROTOBUF
+            elif isinstance(body, str):
+                data, form, content_type = body.encode(), "text", "text/plain"
             else:
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                form, content_type = "json", JSON
             with api._lock:
-                api.encoded_bytes[f"{'text' if text else 'json'} {_resource(self.path)}"] += len(data)
+                api.encoded_bytes[f"{form} {_resource(self.path)}"] += len(data)
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 if status == 429:
                     self.send_header("Retry-After", "1")
