@@ -18,7 +18,7 @@ from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_
 log = structlog.get_logger("calico_gc.health")
 CALICO_NODE_CONTAINER = "calico-node"
 # The calico-node pods in protobuf where the server speaks it: JSON-shaped, so read alike.
-CALICO_NODE_PAGE = either("PodList", kube_protobuf.as_json, json_page, "HealthPodList")
+CALICO_NODE_PAGE = either("PodList", kube_protobuf.as_json, json_page, message="HealthPodList")
 WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -180,47 +180,65 @@ def json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
     return page.get("items") or (), (page.get("metadata") or {}).get("continue") or None
 
 
-def either(kind: str, record: Callable[[Any], Any], json_page: Page, message: str | None = None) -> Page:
-    """A page decoder for a core kind asked for as protobuf (kube_protobuf.ACCEPT): protobuf
-    items (read as `message`) made into the JSON decoder's records, or the JSON page of a server
-    that answered JSON."""
+def either(
+    kind: str,
+    protobuf_record: Callable[[Any], Any],
+    json_page: Page,
+    json_record: Callable[[Any], Any] | None = None,
+    message: str | None = None,
+) -> Page:
+    """A page decoder for a core kind asked for as protobuf (kube_protobuf.ACCEPT), whose items
+    are the same records whichever the server answered: protobuf items (read as `message`) made
+    into them by `protobuf_record`, or the JSON page's items by `json_record` (None: as they are)."""
 
     def decode(raw: bytes) -> tuple[Sequence[Any], str | None]:
-        if not raw.startswith(kube_protobuf.MAGIC):
-            return json_page(raw)
-        items, token = kube_protobuf.decode_list(raw, kind, message)
-        return [record(item) for item in items], token
+        if raw.startswith(kube_protobuf.MAGIC):
+            items, token = kube_protobuf.decode_list(raw, kind, message)
+            return [protobuf_record(item) for item in items], token
+        items, token = json_page(raw)
+        return (items if json_record is None else [json_record(item) for item in items]), token
 
     return decode
 
 
-def _pod_record(pod: Any) -> _Pod:
+PodEntry = tuple[tuple[str, str], PodInfo]  # (namespace, name) and where the pod runs
+
+
+def _pod_ips(listed: Iterable[Any], single: Any) -> tuple[str, ...]:
+    """A pod's IPs: its `podIPs`, or its `podIP` where only that is set."""
+    ips = tuple(ip for ip in listed if ip and isinstance(ip, str))
+    return ips or ((single,) if single and isinstance(single, str) else ())
+
+
+def _pod_entry(pod: Any) -> PodEntry:
+    """A pod decoded from JSON (_Pod) or protobuf (kube_protobuf's Pod, whose fields have the same
+    names; an unset string is empty there, None here)."""
     status = pod.status
-    return _Pod(
-        _Named(pod.metadata.name, pod.metadata.namespace),
-        _PodSpec(pod.spec.nodeName or None),
-        _PodStatus(status.podIP or None, [_PodIP(entry.ip or None) for entry in status.podIPs] or None),
-    )
+    ips = _pod_ips((entry.ip for entry in status.podIPs or ()), status.podIP)
+    return (pod.metadata.namespace, pod.metadata.name), PodInfo(pod.spec.nodeName or None, ips)
 
 
-def _node_record(node: Any) -> _Node:
+def _node_of_protobuf(node: Any) -> KubeNode:
+    """As _kube_node reads a JSON Node; of the conditions and taints, only those it acts on are
+    made records (a Node has half a dozen conditions, each with times to format)."""
     status, when = node.status, kube_protobuf.when
-    return _Node(
-        _Named(node.metadata.name, node.metadata.namespace),
-        _NodeSpec([_Taint(taint.key, when(taint, "timeAdded")) for taint in node.spec.taints] or None),
-        _NodeStatus(
-            [_Address(address.type, address.address) for address in status.addresses] or None,
-            [
-                _Condition(c.type, c.status, c.reason or None, c.message or None, when(c, "lastTransitionTime"))
-                for c in status.conditions
-            ]
-            or None,
-        ),
+    conditions = [
+        _Condition(c.type, c.status, c.reason or None, c.message or None, when(c, "lastTransitionTime"))
+        for c in status.conditions
+        if c.type == "NetworkUnavailable" and c.status == "True"
+    ]
+    taints = [_Taint(t.key, when(t, "timeAdded")) for t in node.spec.taints if t.key == NETWORK_UNAVAILABLE_TAINT]
+    addresses = [_Address(address.type, address.address) for address in status.addresses]
+    return _kube_node(
+        _Node(
+            _Named(node.metadata.name, node.metadata.namespace),
+            _NodeSpec(taints or None),
+            _NodeStatus(addresses or None, conditions or None),
+        )
     )
 
 
-_POD_PAGE = either("PodList", _pod_record, typed_page(_Pod))
-_NODE_PAGE = either("NodeList", _node_record, typed_page(_Node))
+_POD_PAGE = either("PodList", _pod_entry, typed_page(_Pod), _pod_entry)
 _VM_PAGE = typed_page(_VirtualMachine)
 KUBEVIRT = "/apis/kubevirt.io/v1"
 
@@ -477,7 +495,7 @@ class Kube:
     def list_nodes(self) -> tuple[KubeNode, ...]:
         """All Nodes, with their addresses and network-unavailable state: decoded typed, a Node is
         only those (a real one is 10-20 KB, most of it status and managedFields)."""
-        return tuple(self.list_all("/api/v1/nodes", _kube_node, page=_NODE_PAGE, accept=kube_protobuf.ACCEPT))
+        return tuple(self.list_all("/api/v1/nodes", _same, page=_NODE_PAGE, accept=kube_protobuf.ACCEPT))
 
     def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None:
         """Every Pod on the pod network, page by page, handed to `take` as (namespace, name) and
@@ -486,11 +504,8 @@ class Kube:
         server itself (POD_NETWORK_PODS). The list asks for the most recent state (no
         resourceVersion): a pod that existed when the caller began is in it."""
 
-        def one(pod: _Pod) -> None:
-            ips = [entry.ip for entry in pod.status.podIPs or () if entry.ip]
-            if not ips and pod.status.podIP:
-                ips = [pod.status.podIP]
-            take((pod.metadata.namespace, pod.metadata.name), PodInfo(pod.spec.nodeName, tuple(ips)))
+        def one(entry: PodEntry) -> None:
+            take(*entry)
 
         self.list_all("/api/v1/pods", one, {"fieldSelector": POD_NETWORK_PODS}, _POD_PAGE, kube_protobuf.ACCEPT)
 
@@ -561,18 +576,15 @@ class Kube:
         return self._clock()
 
 
-def _pod_key(item: dict[str, Any]) -> tuple[str, str]:
-    metadata = item.get("metadata") or {}
-    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
-
-
 def _pod_info(item: dict[str, Any]) -> PodInfo:
     node = (item.get("spec") or {}).get("nodeName")
     status = item.get("status") or {}
-    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if isinstance(entry, dict)]
-    if not ips and status.get("podIP"):
-        ips = [status["podIP"]]
-    return PodInfo(node if isinstance(node, str) else None, tuple(ip for ip in ips if isinstance(ip, str)))
+    listed = (entry.get("ip") for entry in status.get("podIPs") or [] if isinstance(entry, dict))
+    return PodInfo(node if isinstance(node, str) else None, _pod_ips(listed, status.get("podIP")))
+
+
+def _same(item: T) -> T:
+    return item
 
 
 def _vm_key(vm: _VirtualMachine) -> tuple[str, str]:
@@ -602,3 +614,6 @@ def _kube_node(node: _Node) -> KubeNode:
             taint_added=taint.timeAdded if taint else None,
         )
     return KubeNode(node.metadata.name, internal, unavailable)
+
+
+_NODE_PAGE = either("NodeList", _node_of_protobuf, typed_page(_Node), _kube_node)
