@@ -56,6 +56,11 @@ def seed(server: KubeApiServer) -> None:
     ]
     node["status"]["conditions"][0].update(status="True", reason="NoRouteCreated", message="routes missing")
     server.put("/api/v1/nodes", node)
+    server.add_node("untimed", "10.0.0.4")  # unavailable, its condition without a time: Go sends its zero time
+    node = server.get("/api/v1/nodes", "untimed")
+    assert node is not None
+    node["status"]["conditions"][0] = {"type": "NetworkUnavailable", "status": "True", "reason": "NoRouteCreated"}
+    server.put("/api/v1/nodes", node)
 
 
 def test_what_the_job_reads_of_protobuf_is_what_it_reads_of_json(kubeapi: KubeApiServer, tmp_path: Path) -> None:
@@ -72,11 +77,13 @@ def test_what_the_job_reads_of_protobuf_is_what_it_reads_of_json(kubeapi: KubeAp
     assert set(in_json) == {"json /api/v1/nodes", "json /api/v1/pods"}
     assert from_protobuf == from_json
     nodes, pods = from_protobuf
-    assert len(nodes) == 4 and len(pods) == 4
+    assert len(nodes) == 5 and len(pods) == 4
     tainted = next(node for node in nodes if node.name == "tainted")
     unavailable = tainted.network_unavailable
     assert unavailable is not None and unavailable.taint_added == "2026-12-01T08:00:00Z"
     assert unavailable.since == objects.SINCE and unavailable.reason == "NoRouteCreated"
+    untimed = next(node for node in nodes if node.name == "untimed").network_unavailable
+    assert untimed is not None and untimed.since is None and untimed.condition
     assert pods[("shop", "dual-1")] == PodInfo("full", ("100.96.0.2", "fd00:96::2"))
     assert pods[("shop", "pending-1")] == PodInfo(None, ())
     assert sum(spoken.values()) < 0.7 * sum(in_json.values()), "protobuf is the smaller answer"
