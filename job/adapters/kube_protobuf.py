@@ -1,8 +1,8 @@
 """Pods and Nodes as the API server encodes them in protobuf, read by field number.
 
-A core kind's list costs the API server far less to encode as protobuf than as JSON, and is a
-third of the bytes (docs/design.md, "What a run costs the API server"). This module is the wire
-format only: the schema below names just the fields calico-gc reads, so protobuf's C parser
+A core kind's list costs the API server less to encode as protobuf (generated code, not
+reflection) than as JSON, in fewer bytes (a pod with its managedFields: 0.62 of its JSON). This
+module is the wire format only: the schema below names just the fields calico-gc reads, so protobuf's C parser
 skips everything else (managedFields, most of a pod) without building it. `kube.py` turns the
 messages into the same records its JSON reading gives.
 
@@ -159,7 +159,7 @@ def as_json(message: Any) -> dict[str, Any]:
     for field, value in message.ListFields():
         if field.message_type is None:
             if value != "":
-                found[field.name] = value
+                found[field.name] = list(value) if field.is_repeated else value
         elif field.message_type.GetOptions().map_entry:
             found[field.name] = dict(value)
         elif field.is_repeated:
