@@ -42,6 +42,9 @@ from job.adapters.datastores.etcdv3 import (
     KeyValue,
     prefix_end,
 )
+from job.adapters.datastores.etcdv3 import (
+    NAMESPACE_PROFILES as PROFILES,
+)
 from job.adapters.retry import RetryPolicy
 from job.config import Config, EtcdEndpoint
 from tests.support.etcd_server import EtcdServer
@@ -220,6 +223,11 @@ def main() -> int:
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
     parser.add_argument("--shape", choices=SHAPES, default="together", help="how the fleet is laid out (generate.py)")
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
+    parser.add_argument(
+        "--no-profiles",
+        action="store_true",
+        help="leave out the namespace profiles, as where kube-controllers keeps none (windows then unbounded)",
+    )
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
     # PYTHONDONTWRITEBYTECODE) would have each run compile the job's modules, ~0.05 s.
@@ -228,9 +236,11 @@ def main() -> int:
     live = [index for index in range(options.hosts) if index not in gone]
     with cluster("calico-gc-bench-", live) as (etcd, workdir, env):
         started = time.perf_counter()
-        keys = load(etcd.url, datastore(options.hosts, options.orphans, options.pods_per_host, shape=options.shape))
+        generated = datastore(options.hosts, options.orphans, options.pods_per_host, shape=options.shape)
+        keys = load(etcd.url, (kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))))
         print(
-            f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}, "
+            f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
+            f"{', no namespace profiles' if options.no_profiles else ''}, "
             f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
