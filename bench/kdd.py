@@ -567,8 +567,9 @@ def main() -> int:
             "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
             "--grace-period", "0s", "--max-deletions", str(options.orphans), "--events", "off",
         ]  # fmt: skip
-        for path, selectors in lists()[-3:]:  # the server's protobuf of each object, encoded once untimed
-            server.handle("GET", f"{path}?{urllib.parse.urlencode(selectors)}", b"", media=PROTOBUF)
+        for path, selectors in lists():  # the core kinds' protobuf, each object encoded once, untimed
+            if path.startswith("/api/"):
+                server.handle("GET", f"{path}?{urllib.parse.urlencode(selectors)}", b"", media=PROTOBUF)
         jobs, json_jobs, plain, kubectl = [], [], [], []
         job_bytes: list[Counter[str]] = []
         json_bytes: list[Counter[str]] = []

@@ -238,7 +238,6 @@ def _node_of_protobuf(node: Any) -> KubeNode:
     )
 
 
-_POD_PAGE = either("PodList", _pod_entry, typed_page(_Pod), _pod_entry)
 _VM_PAGE = typed_page(_VirtualMachine)
 KUBEVIRT = "/apis/kubevirt.io/v1"
 
@@ -616,4 +615,6 @@ def _kube_node(node: _Node) -> KubeNode:
     return KubeNode(node.metadata.name, internal, unavailable)
 
 
+# The core kinds' page decoders, here where _kube_node is defined: records alike from protobuf or JSON.
+_POD_PAGE = either("PodList", _pod_entry, typed_page(_Pod), _pod_entry)
 _NODE_PAGE = either("NodeList", _node_of_protobuf, typed_page(_Node), _kube_node)

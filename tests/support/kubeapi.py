@@ -336,16 +336,16 @@ class KubeApiServer:
             if current is not None:
                 self.put(route.group("collection"), current)  # type: ignore[union-attr]
         self._manager = _manager(agent)
-        answer = self._handle(method, raw_path, body, media)
+        try:
+            answer = self._handle(method, raw_path, body, media)
+            if media == PROTOBUF and isinstance(answer[1], dict):
+                answer = answer[0], Protobuf(k8s_protobuf.answer(answer[1]))
+        except k8s_protobuf.Unencodable as error:  # a gap of this server's, never the client's fault
+            answer = 500, Protobuf(k8s_protobuf.answer(status_body(500, f"API test server: {error}")))
         if action == "kill_after":
             self.kill()
             return None
-        if media != PROTOBUF or not isinstance(answer[1], dict):
-            return answer
-        try:
-            return answer[0], Protobuf(k8s_protobuf.answer(answer[1]))
-        except k8s_protobuf.Unencodable as error:  # a gap of this server's, never the client's fault
-            return 500, Protobuf(k8s_protobuf.answer(status_body(500, f"API test server: {error}")))
+        return answer
 
     def _handle(
         self, method: str, raw_path: str, body: bytes, media: str = JSON
@@ -619,11 +619,8 @@ class KubeApiServer:
             if not wanted and not fields:  # as the real server: unknown under a selector
                 metadata["remainingItemCount"] = len(listing) - position + 1
         head = {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata}
-        if media == PROTOBUF:
-            try:
-                items = [self._protobuf(c, n, kind) for _, c, n in page]
-            except k8s_protobuf.Unencodable as error:
-                return 500, status_body(500, f"API test server: {error}")
+        if media == PROTOBUF:  # an object k8s_protobuf cannot encode raises Unencodable (handle: a 500)
+            items = [self._protobuf(c, n, kind) for _, c, n in page]
             return 200, Protobuf(k8s_protobuf.listing(head["kind"], metadata, items))
         if not self.cache_lists:
             return 200, {**head, "items": [self.objects[c][n] for _, c, n in page]}
