@@ -111,6 +111,10 @@ MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 # one transaction after another (5,000 hosts, this machine).
 TXNS_AT_ONCE = 4
 PAGE_BYTES = 3 << 20  # bytes a page holds at most, after the first (see scan)
+# The values of gone hosts' workload endpoints a lean read keeps, at most (_collect_endpoints): what
+# their deletes remove, so that neither the report nor an apply reads them again. 500 gone hosts of
+# 20 pods hold ~8 MB; past the budget a value is fetched when its write is (apply.with_befores).
+ORPHAN_VALUE_BYTES = 16 << 20
 
 
 def _bytes(text: str) -> bytes:
@@ -310,6 +314,7 @@ class Collected:
     k8s_names: Set[str] = frozenset()
     scan: BlockScan | None = None
     named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
+    value_budget: int = field(default_factory=lambda: ORPHAN_VALUE_BYTES)  # of gone hosts' endpoint values
     identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (identify)
 
     def problem(self, kind: str, key: str, message: str) -> None:
@@ -432,9 +437,11 @@ def collect_endpoint(collected: Collected, key: str, revision: int, value: str |
 
 
 def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int, str | bytes]]) -> None:
-    """Workload endpoints filed under their nodes, as their keys, IPs, and no values; of a live
-    host's, only the IPs are kept, for the block scan (its key is never made text). A page at a
-    time: there are 20 endpoints to a host, and a call per endpoint was a fifth of their filing."""
+    """Workload endpoints filed under their nodes, as their keys and IPs; of a live host's, only
+    the IPs are kept, for the block scan (its key is never made text). A gone host's keeps its value
+    too, within ORPHAN_VALUE_BYTES; before the Kubernetes names are known none does (100,000
+    endpoints would hold ~75 MB). A page at a time: there are 20 endpoints to a host, and a call
+    per endpoint was a fifth of their filing."""
     live, endpoints = collected.live, collected.endpoints
     held: list[str] = []  # the IPs of the page's endpoints, for the block scan
     slashes = WORKLOAD_ENDPOINTS.count("/") + 1  # <namespace>/<name>
@@ -450,12 +457,15 @@ def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int,
         # Kept as text: the block scan numbers them (ip_number), and a plan validates an orphan's.
         ips = [n.split("/", 1)[0] for n in networks]
         node = sys.intern(node)
+        kept: str | None = None  # without it, a write fetches the value (apply.with_befores)
         if live is not None:
             held += ips  # all the leak check needs of an endpoint
             if live(node):
                 continue  # a live host's: never planned
-        # The value is dropped (100,000 endpoints would hold ~100 MB): a write fetches it (apply.with_befores).
-        endpoints[node].append(WorkloadEndpoint(StoredItem(_text(key), revision, None), node, tuple(ips)))
+            if len(value) <= collected.value_budget:
+                collected.value_budget -= len(value)
+                kept = value if isinstance(value, str) else _text(value)
+        endpoints[node].append(WorkloadEndpoint(StoredItem(_text(key), revision, kept), node, tuple(ips)))
     if held:
         scanning(collected).held_by_endpoints(held)
 
