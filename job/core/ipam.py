@@ -887,8 +887,16 @@ def stale_handles(
     return sorted(found, key=lambda stale: stale.handle.handle_id)
 
 
+# A handle as Calico writes one for a single block: read without the JSON decoder, which a plan of
+# 500 gone hosts called on 10,000 handles, each more than once.
+_ONE_BLOCK_HANDLE = re.compile(r'\{"block":\{"([^"\\\x00-\x1f]*)":(0|[1-9][0-9]{0,17})\},"deleted":false\}')
+
+
 def parse_handle(text: str) -> Any:
     """A handle's JSON, or None when it is not JSON at all (handle_problem checks its shape)."""
+    one = _ONE_BLOCK_HANDLE.fullmatch(text)
+    if one is not None:
+        return {"block": {one[1]: int(one[2])}, "deleted": False}
     try:
         return json.loads(text)
     except ValueError:

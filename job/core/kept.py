@@ -79,8 +79,8 @@ class Keep:
 
     def reason(self, attribute: Mapping[str, Any]) -> str | None:
         """Why this allocation stays whatever its pod and node say; None: it does not."""
-        alternate_node = owner(attribute.get(ALTERNATE))[0]
-        if alternate_node is not None and alternate_node in self.live_nodes:
+        alternate = attribute.get(ALTERNATE)  # asked for every address a plan frees: rarely there
+        if alternate is not None and owner(alternate)[0] in self.live_nodes:
             return ALTERNATE_LIVE
         vm = vm_of(attribute)
         if vm is None:

@@ -30,6 +30,7 @@ from job.core.ipam import (
     is_empty,
     lowered_handle,
     parse_cidr,
+    parse_handle,
     release,
     summarize_block,
     without_affinity,
@@ -522,3 +523,35 @@ def test_cooling_addresses_with_a_release_time_that_is_not_a_time_are_counted_an
     collect_cooled(block, Cooldown(600, datetime(2026, 11, 30, 12, tzinfo=UTC)))
     assert block["attributes"] == [{"releasedAt": 123}] and block["allocations"][5] == 0
     assert block["allocations"][6] is None and block["unallocated"][-2:] == [6, 7]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"block":{"10.0.0.0/26":1},"deleted":false}',  # as Calico writes one
+        '{"block":{"fd00::/122":0},"deleted":false}',
+        '{"block":{"10.0.0.0/26":123456789012345678},"deleted":false}',
+        '{"block":{"10.0.0.0/26":01},"deleted":false}',  # not JSON
+        '{"block":{"10.0.0.0/26":-1},"deleted":false}',
+        '{"block":{"10.0.0.0/26":1.0},"deleted":false}',
+        '{"block":{"10.0.0.\\u0030/26":1},"deleted":false}',  # an escape
+        '{"block":{"10.0.0.0/26\t":1},"deleted":false}',  # a raw control character: not JSON
+        '{"block":{"10.0.0.0/26":1},"deleted":true}',
+        '{"block":{"10.0.0.0/26":1,"10.0.1.0/26":2},"deleted":false}',
+        '{"block": {"10.0.0.0/26": 1}, "deleted": false}',  # another encoder
+        '{"block":{"10.0.0.0/26":1},"deleted":false} ',
+        "",
+        "null",
+    ],
+)
+def test_a_handle_reads_as_the_json_decoder_reads_it(text: str) -> None:
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        decoded = None
+    parsed = parse_handle(text)
+    assert parsed == decoded and type(parsed) is type(decoded)
+    if isinstance(decoded, dict):
+        assert [type(v) for v in (decoded.get("block") or {}).values()] == [
+            type(v) for v in (parsed.get("block") or {}).values()
+        ]
