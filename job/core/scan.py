@@ -66,6 +66,9 @@ class BlockScan:
     owned_specially: list[tuple[str, int, Mapping[str, Any]]] = field(default_factory=list)
     # Addresses in IP cooldown, per block: how many, and the oldest `releasedAt` (None: none readable).
     cooling: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
+    # The namespaces pods' allocations name: where the etcd v3 read's endpoint pages may stop
+    # (namespace starts, as its namespace profiles give where kube-controllers keeps them).
+    namespaces: set[str] = field(default_factory=set)
     _networks: Networks | None = None  # of the blocks with bits in `unheld`, once every block is in
     _pending: list[str] = field(default_factory=list)  # endpoint IPs given before that
 
@@ -86,7 +89,7 @@ class BlockScan:
         attributes = data.get("attributes") or []
         count = bits = mine = hosts = 0
         others: dict[int, str | None] | None = None
-        per_node = self.node_allocated
+        per_node, namespaces = self.node_allocated, self.namespaces
         for ordinal, index in enumerate(data["allocations"]):
             if index is None:
                 continue
@@ -99,6 +102,8 @@ class BlockScan:
             node = secondary.get("node") if isinstance(secondary, dict) else None
             if not isinstance(node, str):
                 node = None
+            elif isinstance(namespace := secondary.get("namespace"), str):  # a pod's
+                namespaces.add(namespace)
             if (node and VM_NAME in secondary) or ALTERNATE in attribute or (handle and VM_HANDLE_MARK in handle):
                 self.owned_specially.append((cidr, ordinal, attribute))
             elif RELEASED_AT in attribute and not handle:  # in IP cooldown (a few a block, at most)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from job.adapters.datastores.base import DatastoreError
-from job.adapters.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, Window
+from job.adapters.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, NamespaceStarts, Window
 from job.adapters.retry import RetryPolicy
 from job.config import Config, EtcdEndpoint
 from tests.support import calico
@@ -220,3 +220,55 @@ def test_exact_keys_are_read_in_transactions_side_by_side_each_once(etcd: EtcdSe
             store.current([key.decode() for key in keys])
     finally:
         store.close()
+
+
+def _fleet_of_namespaces(profiles: bool) -> tuple[dict[str, str], set[str]]:
+    """12 hosts with pods in 30 namespaces of very different sizes (2 to 120 pods), each namespace's
+    profile where kube-controllers keeps one: the keys, and the live hosts' names."""
+    seed, chance = calico.CalicoSeed(), random.Random(11)
+    seed.cluster_information()
+    hosts = [f"ip-10-0-{n}-10" for n in range(12)]
+    for number, host in enumerate(hosts):
+        seed.block(f"100.64.{number}.0/24", host)
+        seed.node(host, ipv4=f"10.0.{number}.10")
+    used = [0] * len(hosts)
+    for ns in range(30):
+        if profiles:
+            seed.namespace_profile(f"team-{ns:02d}")
+        for pod in range(chance.choice([2, 10, 40, 120])):
+            number = chance.randrange(12)
+            used[number] += 1
+            seed.pod(hosts[number], f"team-{ns:02d}", f"app-{pod}", f"100.64.{number}.{used[number]}")
+    return seed.keys, set(hosts)
+
+
+@pytest.mark.parametrize("learnt", [True, False])
+def test_without_namespace_profiles_the_blocks_pod_allocations_say_where_namespaces_start(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch, learnt: bool
+) -> None:
+    """Where kube-controllers keeps no namespace profiles, the namespaces that the blocks' pod
+    allocations name (filed beside the endpoints) bound the endpoints' pages nearly as the profiles
+    do; without them, etcd counts far more. Either way the read files every endpoint."""
+    counted, endpoints = {}, {}
+    for profiles in (True, False):
+        keys, hosts = _fleet_of_namespaces(profiles)
+        calico.wipe(etcd.url)
+        calico.load(etcd.url, keys)
+        if not (learnt or profiles):  # the profiles' starts as ever, and nothing learnt from the blocks
+            monkeypatch.setattr(NamespaceStarts, "learn", lambda self, names: None)
+        store = EtcdV3Datastore(
+            Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=20), RetryPolicy()
+        )
+        try:
+            inventory = store.read(lambda hosts=hosts: set(hosts) - {"ip-10-0-3-10"})  # one host gone
+            ranges = store.describe()["ranges"]
+        finally:
+            store.close()
+        assert isinstance(ranges, dict)
+        counted[profiles] = ranges["keys_counted"] - ranges["keys"]  # counted past what was returned
+        endpoints[profiles] = sorted(e.item.key for h in inventory.hosts for e in h.workload_endpoints)
+    assert endpoints[True] == endpoints[False] and endpoints[True]
+    if learnt:
+        assert counted[False] <= 1.5 * counted[True], counted
+    else:
+        assert counted[False] > 1.8 * counted[True], counted

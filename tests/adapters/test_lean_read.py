@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from job.adapters.datastores import etcdv3
 from job.adapters.datastores.etcdv3 import HANDLES, EtcdV3Datastore
 from job.adapters.retry import RetryPolicy
 from job.core.audit import ipam_audit
@@ -152,3 +153,29 @@ def test_handles_another_tool_wrote_are_judged_by_what_they_count_not_by_their_b
     finally:
         store.close()
     assert len(as_calico_writes) < len(handles) / 2, "the lean read keeps few handles"
+
+
+@pytest.mark.parametrize(("deletions", "kept"), [(0, 0), (1, 1), (2, 3), (3, 4)])
+def test_the_read_keeps_gone_hosts_endpoint_values_by_the_deletions_a_run_may_make(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, deletions: int, kept: int
+) -> None:
+    """So much a host the run may delete (--max-deletions), each value whole or not at all, in key
+    order: a host's share holds the smallest of the four gone hosts' endpoints and not a second."""
+    harness.seed(s.kops_cluster())
+    stored = harness.dump()
+    gone = [
+        key for key in stored if "/workloadendpoints/" in key and not any(n.replace("-", "--") in key for n in s.LIVE)
+    ]
+    sizes = sorted(len(stored[key][0]) for key in gone)
+    assert len(sizes) == 4
+    monkeypatch.setattr(etcdv3, "VALUE_BYTES_PER_HOST", sizes[0] + sizes[1] - 1)
+    names = {name for name, _ in s.kops_cluster().k8s_nodes}
+    store = EtcdV3Datastore(harness.config(max_deletions=deletions), harness.retry)
+    try:
+        inventory = store.read(lambda: names)
+    finally:
+        store.close()
+    endpoints = [e.item for h in inventory.hosts for e in h.workload_endpoints]
+    assert sorted(e.key for e in endpoints) == sorted(gone)
+    held = [e for e in endpoints if e.value is not None]
+    assert len(held) == kept and all(e.value == stored[e.key][0] for e in held)

@@ -111,10 +111,13 @@ MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 # one transaction after another (5,000 hosts, this machine).
 TXNS_AT_ONCE = 4
 PAGE_BYTES = 3 << 20  # bytes a page holds at most, after the first (see scan)
-# The values of gone hosts' workload endpoints a lean read keeps, at most (_collect_endpoints): what
-# their deletes remove, so that neither the report nor an apply reads them again. 500 gone hosts of
-# 20 pods hold ~8 MB; past the budget a value is fetched when its write is (apply.with_befores).
-ORPHAN_VALUE_BYTES = 16 << 20
+# The values of gone hosts' workload endpoints a lean read keeps (_collect_endpoints): what their
+# deletes remove, so that neither the report nor an apply reads them again. VALUE_BYTES_PER_HOST for
+# each host the run may delete (--max-deletions), ORPHAN_VALUE_BYTES at most: 500 gone hosts of 20
+# pods hold ~7.2 MB. Past the budget a value is fetched when its write is (apply.with_befores). At
+# 15,000 hosts with 1,500 gone, 16 MB of them took the peak from 186 to 198 MB (goal 200).
+ORPHAN_VALUE_BYTES = 8 << 20
+VALUE_BYTES_PER_HOST = 32 << 10
 
 
 def _bytes(text: str) -> bytes:
@@ -209,6 +212,33 @@ def _next_bound(bounds: Sequence[bytes], start: bytes, end: bytes | None) -> byt
         return None
     at = bisect.bisect_right(bounds, start)
     return bounds[at] if at < len(bounds) and bounds[at] < end else None
+
+
+Bounds = Sequence[bytes] | Callable[[], Sequence[bytes]]  # a scan's page-window bounds (scan)
+
+
+class NamespaceStarts:
+    """Where each namespace's workload endpoints start, as far as the read knows: the namespace
+    profiles' (kube-controllers keeps one per namespace in etcd mode), and the namespaces the
+    IPAM blocks' pod allocations name, learnt as the blocks are filed beside the endpoints, for a
+    cluster without the profiles. The endpoints' pages stop at each (scan's `bounds`): across a
+    hundred namespaces of any size, windows that did not made etcd count 6.8 times the keys it
+    returned, 3.85 times with them (docs/development.md). Called for the starts known so far; a
+    scan on another thread gets a tuple that is replaced whole, never changed."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self._names: set[str] = set()
+        self._starts: tuple[bytes, ...] = ()
+        self.learn(names)
+
+    def __call__(self) -> Sequence[bytes]:
+        return self._starts
+
+    def learn(self, names: Iterable[str]) -> None:
+        new = {name for name in names if name and "/" not in name} - self._names
+        if new:
+            self._names |= new
+            self._starts = tuple(sorted(_bytes(f"{WORKLOAD_ENDPOINTS}{name}/") for name in self._names))
 
 
 def prefix_end(prefix: str) -> bytes:
@@ -314,7 +344,7 @@ class Collected:
     k8s_names: Set[str] = frozenset()
     scan: BlockScan | None = None
     named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
-    value_budget: int = field(default_factory=lambda: ORPHAN_VALUE_BYTES)  # of gone hosts' endpoint values
+    value_budget: int = 0  # bytes of gone hosts' endpoint values still to keep
     identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (identify)
 
     def problem(self, kind: str, key: str, message: str) -> None:
@@ -439,8 +469,8 @@ def collect_endpoint(collected: Collected, key: str, revision: int, value: str |
 def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int, str | bytes]]) -> None:
     """Workload endpoints filed under their nodes, as their keys and IPs; of a live host's, only
     the IPs are kept, for the block scan (its key is never made text). A gone host's keeps its value
-    too, within ORPHAN_VALUE_BYTES; before the Kubernetes names are known none does (100,000
-    endpoints would hold ~75 MB). A page at a time: there are 20 endpoints to a host, and a call
+    too, within the read's budget (ORPHAN_VALUE_BYTES); before the Kubernetes names are known none
+    does (100,000 endpoints would hold ~75 MB). A page at a time: there are 20 endpoints to a host, and a call
     per endpoint was a fifth of their filing."""
     live, endpoints = collected.live, collected.endpoints
     held: list[str] = []  # the IPs of the page's endpoints, for the block scan
@@ -715,7 +745,7 @@ class EtcdV3Datastore:
         return answer
 
     def scan(
-        self, prefix: str, revision: int | None = None, keys_only: bool = False, bounds: Sequence[bytes] = ()
+        self, prefix: str, revision: int | None = None, keys_only: bool = False, bounds: Bounds = ()
     ) -> Iterator[tuple[Sequence[KeyValue], int]]:
         """Pages of raw key-values under `prefix`, all at one revision (the first page's).
 
@@ -730,13 +760,13 @@ class EtcdV3Datastore:
         `bounds` (sorted keys) are where the keys' density may change: a window never crosses
         one, and one that ends at a bound is followed by a range to the next bound, whose count
         is only what lies between. Keys between bounds are read like any others: a bound is a
-        hint, never a filter."""
+        hint, never a filter. A callable gives the bounds known so far, asked again each page."""
         end = prefix_end(prefix) if prefix.endswith(("/", ".")) else None
         start, limit = _bytes(prefix), self._page_size
         window: Window | None = None  # where the next page's range ends (None: the prefix's end)
         while True:
             bound = None if window is None or end is None else window.end(end)
-            cap = _next_bound(bounds, start, end)
+            cap = _next_bound(bounds() if callable(bounds) else bounds, start, end)
             capped = cap is not None and (bound is None or cap < bound)
             if capped:
                 bound = cap
@@ -770,7 +800,7 @@ class EtcdV3Datastore:
         revision: int,
         groups: Sequence[tuple[str, ...]],
         prefix_read: Callable[[str], None] | None = None,
-        bounds: Mapping[str, Sequence[bytes]] | None = None,
+        bounds: Mapping[str, Bounds] | None = None,
     ) -> Iterator[Iterator[tuple[str, Sequence[KeyValue]]]]:
         """Every page of every prefix at `revision`, with its prefix, each group's prefixes
         scanned in turn, the groups side by side. `prefix_read` is called with each prefix once
@@ -844,21 +874,21 @@ class EtcdV3Datastore:
         (Collected.live, docs/design.md): memory then follows hosts and orphans, not keys."""
         # One revision for every prefix: a consistent snapshot of the whole datastore.
         revision = self.range(CLUSTER_INFORMATION, None, None).header.revision
-        collected = Collected()
+        collected = Collected(value_budget=min(ORPHAN_VALUE_BYTES, self._config.max_deletions * VALUE_BYTES_PER_HOST))
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
         try:
             with self._items(revision, HOST_GROUPS) as items:
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
-            bounds = {WORKLOAD_ENDPOINTS: self._namespace_starts(revision)}
+            starts = NamespaceStarts(self._namespace_profiles(revision))
 
             def prefix_read(prefix: str) -> None:
                 if prefix == BLOCKS and collected.live is not None:
                     scanning(collected).blocks_read()
 
             # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
-            with self._items(revision, IPAM_GROUPS, prefix_read, bounds) as items:
+            with self._items(revision, IPAM_GROUPS, prefix_read, {WORKLOAD_ENDPOINTS: starts}) as items:
                 identify(collected)  # while the names may still be on their way
                 names = None if kube_names is None else kube_names()
                 if names is not None:
@@ -868,20 +898,17 @@ class EtcdV3Datastore:
                         collected.affinities.pop(name, None)
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
+                    if prefix == BLOCKS and collected.scan is not None:
+                        starts.learn(collected.scan.namespaces)
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
         return inventory if collected.live is None else self._completed(inventory, collected)
 
-    def _namespace_starts(self, revision: int) -> list[bytes]:
-        """Where each namespace's workload endpoints start, from the namespace profiles (a read of
-        their keys only, one per namespace): endpoints of a hundred namespaces of any size, read
-        in windows that end where the keys say, made etcd count 6.8 times the keys it returned
-        (docs/development.md)."""
-        names = [
-            kv.key[len(NAMESPACE_PROFILES) :] for kvs, _ in self.scan(NAMESPACE_PROFILES, revision, True) for kv in kvs
-        ]
-        return sorted(_bytes(WORKLOAD_ENDPOINTS) + name + b"/" for name in names if name and b"/" not in name)
+    def _namespace_profiles(self, revision: int) -> list[str]:
+        """The namespaces kube-controllers keeps a profile for (a read of their keys only)."""
+        pages = self.scan(NAMESPACE_PROFILES, revision, keys_only=True)
+        return [_text(kv.key)[len(NAMESPACE_PROFILES) :] for kvs, _ in pages for kv in kvs]
 
     def _completed(self, inventory: Inventory, collected: Collected) -> Inventory:
         """A lean read (Collected.live) with what a plan may still need read again at its
