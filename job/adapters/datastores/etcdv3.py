@@ -468,10 +468,10 @@ def collect_endpoint(collected: Collected, key: str, revision: int, value: str |
 
 def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int, str | bytes]]) -> None:
     """Workload endpoints filed under their nodes, as their keys and IPs; of a live host's, only
-    the IPs are kept, for the block scan (its key is never made text). A gone host's keeps its value
-    too, within the read's budget (ORPHAN_VALUE_BYTES); before the Kubernetes names are known none
-    does (100,000 endpoints would hold ~75 MB). A page at a time: there are 20 endpoints to a host, and a call
-    per endpoint was a fifth of their filing."""
+    the IPs are kept, for the block scan (its key is never made text). A gone host's keeps its
+    value too, within the read's budget (ORPHAN_VALUE_BYTES); before the Kubernetes names are
+    known none does (100,000 endpoints would hold ~75 MB). A page at a time: there are 20
+    endpoints to a host, and a call per endpoint was a fifth of their filing."""
     live, endpoints = collected.live, collected.endpoints
     held: list[str] = []  # the IPs of the page's endpoints, for the block scan
     slashes = WORKLOAD_ENDPOINTS.count("/") + 1  # <namespace>/<name>
