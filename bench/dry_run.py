@@ -227,7 +227,8 @@ def main() -> int:
     parser.add_argument(
         "--no-profiles",
         action="store_true",
-        help="leave out the namespace profiles, as where kube-controllers keeps none (windows then unbounded)",
+        help="leave out the namespace profiles, as where kube-controllers keeps none (the endpoints' windows then stop "
+        "only at the namespaces the blocks' pod allocations name)",
     )
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
