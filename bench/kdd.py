@@ -6,14 +6,16 @@ Nodes deleted, spread through the fleet.
 
 Prints, as medians with their spread over the runs (alternated, so that drifting load hits all
 alike): the job's dry run with every orphan planned (wall time and peak RSS, as a process), with
-Pods and Nodes in protobuf and, beside it, with a server that serves JSON only; one plain paged
-read of the same lists with the same client (page 500, each page parsed as JSON, nothing kept),
-`kubectl get --raw` of the same lists, paged, and the ratios (goal: at most 1.2 to the plain read;
-peak at most 200 MB). For each, the bytes the server encoded, per format and resource: the proxy
-for what a run costs it (goal: the dry run at most half the plain JSON read's cost). Then what
-20,000 more pods on live nodes add to the peak (goal: at most 10 MB), and the apply: the 250
-orphans' IPAM deleted, timed, with its peak, and checked: no block, affinity or handle names a
-deleted node, and every live pod's handle and allocation is unchanged. Only loopback traffic.
+the pods as a Table and the Nodes in protobuf; beside it, with a server that prints no Tables (as
+where the blocks are of both families: the pods in protobuf) and with one that serves JSON only;
+one plain paged read of the same lists with the same client (page 500, each page parsed as JSON,
+nothing kept), `kubectl get --raw` of the same lists, paged, and the ratios (goal: at most 1.2 to
+the plain read; peak at most 200 MB). For each, the bytes the server encoded, per format and
+resource: the proxy for what a run costs it (goal: the dry run at most half the plain JSON read's
+cost). Then what 20,000 more pods on live nodes add to the peak (goal: at most 10 MB), and the
+apply: the 250 orphans' IPAM deleted, timed, with its peak, and checked: no block, affinity or
+handle names a deleted node, and every live pod's handle and allocation is unchanged. Only
+loopback traffic.
 """
 
 from __future__ import annotations
@@ -570,44 +572,47 @@ def main() -> int:
         for path, selectors in lists():  # the core kinds' protobuf, each object encoded once, untimed
             if path.startswith("/api/"):
                 server.handle("GET", f"{path}?{urllib.parse.urlencode(selectors)}", b"", media=PROTOBUF)
-        jobs, json_jobs, plain, kubectl = [], [], [], []
-        job_bytes: list[Counter[str]] = []
-        json_bytes: list[Counter[str]] = []
+        # What the server serves in each variant: (protobuf, Tables). A Table of pods is asked for
+        # where the blocks are of one family; without Tables is as where they are of both.
+        variants = {
+            "Pods as a Table, Nodes in protobuf": (True, True),
+            "no Tables (blocks of both families): Pods and Nodes in protobuf": (True, False),
+            "JSON only": (False, False),
+        }
+        plain, kubectl = [], []
         plain_bytes: list[Counter[str]] = []
+        runs: dict[str, list[tuple[float, float, int, dict[str, object]]]] = {label: [] for label in variants}
+        sent: dict[str, list[Counter[str]]] = {label: [] for label in variants}
         for _ in range(options.repeat):
             plain.append(encoded(server, lambda: plain_read(kubeconfig), plain_bytes))
             kubectl.append(kubectl_seconds(kubeconfig))
-            jobs.append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), job_bytes))
-            server.serves_protobuf = False
-            json_jobs.append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), json_bytes))
-            server.serves_protobuf = True
-        for _, _, code, report in jobs + json_jobs:
+            for label, (server.serves_protobuf, server.serves_tables) in variants.items():
+                runs[label].append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), sent[label]))
+        server.serves_protobuf = server.serves_tables = True
+        for _, _, code, report in (run for each in runs.values() for run in each):
             assert code == 0 and report["summary"]["would_delete"] == options.orphans, (code, report["summary"])  # type: ignore[index]
         print(f"plain paged read of the same lists (page {PAGE}, JSON, nothing kept): {spread(plain)}")
         print(f"kubectl get --raw of the same lists, paged: {spread(kubectl)}")
-        for label, runs, sent in (
-            ("Pods and Nodes in protobuf", jobs, job_bytes),
-            ("JSON only", json_jobs, json_bytes),
-        ):
-            job_time = statistics.median(j[0] for j in runs)
-            timings = [j[3]["timings"] for j in runs]
+        for label, done in runs.items():
+            job_time = statistics.median(j[0] for j in done)
+            timings = [j[3]["timings"] for j in done]
             phases = ", ".join(
                 f"{phase} {statistics.median(t[phase] for t in timings):.2f}s"  # type: ignore[index]
                 for phase in ("datastore_read", "kubernetes_read", "pods_list")
             )
             print(
-                f"job dry run, all {options.orphans} orphans planned, {label}: {spread([j[0] for j in runs])}; "
+                f"job dry run, all {options.orphans} orphans planned, {label}: {spread([j[0] for j in done])}; "
                 f"ratio {job_time / statistics.median(plain):.2f} to the plain read (goal <= 1.2), "
                 f"{job_time / statistics.median(kubectl):.2f} to kubectl; {phases}; "
-                f"peak RSS {spread([j[1] for j in runs], ' MB')} (goal <= 200)"
+                f"peak RSS {spread([j[1] for j in done], ' MB')} (goal <= 200)"
             )
             print(
-                f"  bytes the API test server encoded: {mb(sent)}, {ratio(sent, plain_bytes):.2f} of the plain JSON "
-                f"read's {mb(plain_bytes)}; by resource: {by_resource(sent)}"
+                f"  bytes the API test server encoded: {mb(sent[label])}, {ratio(sent[label], plain_bytes):.2f} of the "
+                f"plain JSON read's {mb(plain_bytes)}; by resource: {by_resource(sent[label])}"
             )
         if options.profile:
             profile(env, args, workdir)
-        base_peak = statistics.median(j[1] for j in jobs)
+        base_peak = statistics.median(j[1] for j in runs[next(iter(variants))])
         add_pods(server.url, server, options.nodes, gone, options.extra_pods, options.pods_per_node)
         gc.freeze()
         more = [run_job(env, args)[1] for _ in range(options.repeat)]

@@ -31,6 +31,7 @@ from job.adapters import kube_protobuf
 from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
 from job.core.kept import NO_KUBEVIRT, KubeVirt
+from job.core.leaks import ANY_NAMESPACE
 from job.core.model import KubeNode, NetworkUnavailable, PodInfo
 
 log = structlog.get_logger("calico_gc.kube")
@@ -42,6 +43,12 @@ REQUEST_TIMEOUT_S = 30
 # Host-network pods hold their node's IP, never a Calico one: the leak check does not list them.
 POD_NETWORK_PODS = "spec.hostNetwork=false"
 JSON = "application/json, */*"
+# Pods as a Table of their printed columns, without the objects (includeObject=None): the API
+# server prints a pod's name, IP and node from its cache and encodes no pod, so neither its spec,
+# its status nor its managedFields (docs/kubernetes-wire.md). Only the first of a pod's IPs is
+# printed, so a cluster with blocks of both families asks for the pods themselves.
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+TABLE_NONE = "<none>"  # what the printer writes for an empty IP or node
 Page = Callable[[bytes], tuple[Sequence[Any], str | None]]  # a list page's items and continue token
 
 
@@ -201,7 +208,64 @@ def either(
     return decode
 
 
-PodEntry = tuple[tuple[str, str], PodInfo]  # (namespace, name) and where the pod runs
+# (namespace, name) and where the pod runs; a Table's rows name no namespace (leaks.ANY_NAMESPACE)
+PodEntry = tuple[tuple[str, str], PodInfo]
+
+
+class _Kind(msgspec.Struct, frozen=True):
+    kind: str = ""
+
+
+class _Column(msgspec.Struct, frozen=True):
+    name: str = ""
+
+
+class _Row(msgspec.Struct, frozen=True):
+    cells: list[Any] = []
+
+
+class _Table(msgspec.Struct, frozen=True):
+    metadata: ListMeta = ListMeta()
+    columnDefinitions: list[_Column] | None = None
+    rows: list[_Row] | None = None
+
+
+_KIND, _TABLE = msgspec.json.Decoder(_Kind), msgspec.json.Decoder(_Table)
+_POD_COLUMNS = ("Name", "IP", "Node")
+
+
+def _pod_rows(raw: bytes) -> tuple[Sequence[PodEntry], str | None]:
+    """A page of pods printed as a Table: each row's name, first IP and node, found by the columns'
+    names (their order is the printer's to change). A row without those three is an
+    UnreadableItem."""
+    page = _TABLE.decode(raw)
+    columns = [column.name for column in page.columnDefinitions or ()]
+    missing = [name for name in _POD_COLUMNS if name not in columns]
+    if missing:
+        raise UnreadableItem(f"a Table of pods without the column(s) {', '.join(missing)} (it has {columns})")
+    at_name, at_ip, at_node = (columns.index(name) for name in _POD_COLUMNS)
+    entries: list[PodEntry] = []
+    for number, row in enumerate(page.rows or ()):
+        cells = row.cells
+        try:
+            name, ip, node = cells[at_name], cells[at_ip], cells[at_node]
+        except IndexError:
+            raise UnreadableItem(f"row {number} of a Table of pods has {len(cells)} cells") from None
+        if not (isinstance(name, str) and name and isinstance(ip, str) and isinstance(node, str)):
+            raise UnreadableItem(
+                f"a Table of pods, row {number}: name {name!r}, IP {ip!r}, node {node!r} (text expected)"
+            )
+        ips = (ip,) if ip and ip != TABLE_NONE else ()
+        entries.append(((ANY_NAMESPACE, name), PodInfo(node if node and node != TABLE_NONE else None, ips)))
+    return entries, page.metadata.continue_ or None
+
+
+def _pods_json(raw: bytes) -> tuple[Sequence[Any], str | None]:
+    """A JSON page of pods: a Table (asked for first) or, from a server that serves none, a PodList."""
+    if _KIND.decode(raw).kind == "Table":
+        return _pod_rows(raw)
+    items, token = _POD_LIST(raw)
+    return [_pod_entry(item) for item in items], token
 
 
 def _pod_ips(listed: Iterable[Any], single: Any) -> tuple[str, ...]:
@@ -496,17 +560,26 @@ class Kube:
         only those (a real one is 10-20 KB, most of it status and managedFields)."""
         return tuple(self.list_all("/api/v1/nodes", _same, page=_NODE_PAGE, accept=kube_protobuf.ACCEPT))
 
-    def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None]) -> None:
+    def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None], one_ip_each: bool = False) -> None:
         """Every Pod on the pod network, page by page, handed to `take` as (namespace, name) and
         where it runs: a pod is decoded as those few fields, nothing else of it is built, and
         only what the caller keeps stays in memory. Host-network pods are left out by the API
         server itself (POD_NETWORK_PODS). The list asks for the most recent state (no
-        resourceVersion): a pod that existed when the caller began is in it."""
+        resourceVersion): a pod that existed when the caller began is in it.
+
+        `one_ip_each` (no pod can hold two of the caller's IPs): the pods are asked for as a Table
+        of their rows alone (TABLE), which names no namespace; else, and from a server that
+        prints no Table, as protobuf, then JSON."""
 
         def one(entry: PodEntry) -> None:
             take(*entry)
 
-        self.list_all("/api/v1/pods", one, {"fieldSelector": POD_NETWORK_PODS}, _POD_PAGE, kube_protobuf.ACCEPT)
+        query = {"fieldSelector": POD_NETWORK_PODS}
+        accept = kube_protobuf.ACCEPT
+        if one_ip_each:
+            query["includeObject"] = "None"
+            accept = f"{TABLE}, {accept}"
+        self.list_all("/api/v1/pods", one, query, _POD_PAGE, accept)
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         """A fresh GET of one Pod; None only on 404."""
@@ -616,5 +689,6 @@ def _kube_node(node: _Node) -> KubeNode:
 
 
 # The core kinds' page decoders, here where _kube_node is defined: records alike from protobuf or JSON.
-_POD_PAGE = either("PodList", _pod_entry, typed_page(_Pod), _pod_entry)
+_POD_LIST = typed_page(_Pod)
+_POD_PAGE = either("PodList", _pod_entry, _pods_json)
 _NODE_PAGE = either("NodeList", _node_of_protobuf, typed_page(_Node), _kube_node)

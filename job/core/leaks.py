@@ -8,7 +8,7 @@ leaked in every run, and each block's release is re-checked against its pods rig
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,6 +36,9 @@ LEAK_LEFT_TO_HOST = "left_to_host"  # its block is written by a host this run re
 LEAK_POD_BACK = "pod_back"  # the pod was there again at the re-check
 LEAK_CHANGED = "changed"  # the block or handle was written meanwhile: decided again next run
 LEAK_FAILED = "failed"
+# The namespace of a listed pod whose list does not say it (the pods asked for as a Table): no pod
+# is without one, so it cannot be mistaken for a namespace.
+ANY_NAMESPACE = ""
 # Leaks whose first sighting is kept in the grace state (about 100 bytes each: the state's
 # ConfigMap must stay well under 1 MiB); the rest are reported and wait for a later run.
 MAX_TRACKED = 2000
@@ -90,6 +93,25 @@ def settle(candidates: dict[tuple[str, str], list[Allocation]], key: tuple[str, 
         candidates[key] = left
     else:
         del candidates[key]
+
+
+def settler(candidates: dict[tuple[str, str], list[Allocation]]) -> Callable[[tuple[str, str], PodInfo], None]:
+    """`settle` for each listed pod. A pod listed without its namespace (ANY_NAMESPACE) settles the
+    candidates of its name in every namespace: an IP that a pod of that name holds on that node is
+    in use, whoever's it is, and an IP-less one may be any of them (a leak hidden so waits a run)."""
+    by_name: dict[str, list[tuple[str, str]]] = {}
+
+    def one(key: tuple[str, str], pod: PodInfo) -> None:
+        if key[0] != ANY_NAMESPACE:
+            settle(candidates, key, pod)
+            return
+        if not by_name:  # made at the first such pod, once the candidates are all known
+            for each in candidates:
+                by_name.setdefault(each[1], []).append(each)
+        for each in by_name.get(key[1], ()):
+            settle(candidates, each, pod)
+
+    return one
 
 
 def sighting(allocation: Allocation) -> str:

@@ -10,10 +10,11 @@ from typing import Any
 
 from job.core.scan import BlockScan
 from tests.adapters.test_etcdv2 import seeded
-from tests.adapters.test_kdd import CRD, LIVE_A, kdd, seed_kdd
+from tests.adapters.test_kdd import CRD, LIVE_A, cidr_name, kdd, seed_kdd
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support import scenario as s
+from tests.support.calico import CalicoSeed
 
 WEB0_IP = "100.96.0.5"  # web-0 on the first live node, in its block 100.96.0.0/26
 BLOCK = "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"
@@ -204,3 +205,38 @@ def test_an_endpoint_ip_read_before_the_last_block_still_holds_its_ip() -> None:
     assert scan.unheld == {"10.9.0.0/30": 0b10}  # only p2's IP: no endpoint holds it
     scan.held_by_endpoints(["10.9.0.1"])  # after blocks_read: at once
     assert scan.unheld == {"10.9.0.0/30": 0}
+
+
+def test_pods_listed_without_their_namespace_settle_by_name_and_ip(harness: Harness) -> None:
+    """The pods come as a Table's rows (the blocks are of one family): a pod of that name on that
+    node holding the IP keeps it, whatever its namespace; one holding another IP does not."""
+    leak_web0(harness)
+    harness.kubeapi.take_encoded_bytes()
+    report, _ = harness.run()
+    assert "table /api/v1/pods" in harness.kubeapi.take_encoded_bytes()
+    assert list(leaks(report)) == [WEB0_IP]
+    pod = {"metadata": {"name": "web-0", "namespace": "other"}, "spec": {"nodeName": s.LIVE[0]}}
+    harness.kubeapi.put("/api/v1/namespaces/other/pods", {**pod, "status": {"podIPs": [{"ip": "100.96.0.34"}]}})
+    report, _ = harness.run()
+    assert list(leaks(report)) == [WEB0_IP], "another IP"
+    harness.kubeapi.put("/api/v1/namespaces/other/pods", {**pod, "status": {"podIPs": [{"ip": WEB0_IP}]}})
+    report, _ = harness.run()
+    assert report["audit"]["leaked_ips"]["count"] == 0, "the IP is in use"
+
+
+def test_with_blocks_of_both_families_the_pods_are_listed_whole(harness: Harness) -> None:
+    """A Table prints a pod's first IP only: where a pod may hold two of the blocks' IPs, the pods
+    are asked for themselves, so a dual-stack pod's IPv6 address is never taken for a leak."""
+    seed_kdd(harness.kubeapi)
+    ipam = CalicoSeed()
+    ipam.block("fd00:96::/122", LIVE_A)
+    ipam.allocate("fd00:96::5", "k8s-pod-network.web-a-v6", LIVE_A, pod="web-a", namespace="default")
+    for cidr, block in ipam.blocks.items():
+        harness.kubeapi.put(f"{CRD}/ipamblocks", {"metadata": {"name": cidr_name(cidr)}, "spec": block})
+    handle = {"handleID": "k8s-pod-network.web-a-v6", **ipam.handles["k8s-pod-network.web-a-v6"]}
+    harness.kubeapi.put(f"{CRD}/ipamhandles", {"metadata": {"name": "k8s-pod-network.web-a-v6"}, "spec": handle})
+    harness.kubeapi.add_pod("default", "web-a", LIVE_A, "100.96.1.5", "fd00:96::5")
+    harness.kubeapi.take_encoded_bytes()
+    report, code = harness.run(kdd(harness))
+    assert code == 0 and list(leaks(report)) == ["100.96.1.9"], "the ghost's only"
+    assert "protobuf /api/v1/pods" in harness.kubeapi.take_encoded_bytes()

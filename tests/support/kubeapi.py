@@ -13,7 +13,10 @@ hooks are injected per method and path.
 The answer's format is negotiated from `Accept` as the real server does: the core group's kinds
 in protobuf (`application/vnd.kubernetes.protobuf`, errors too) when it is the first type asked
 for, everything in JSON, and 406 when nothing asked for is served (protobuf of a custom
-resource). Protobuf comes from k8s_protobuf, which refuses a field it has no number for.
+resource). Protobuf comes from k8s_protobuf, which refuses a field it has no number for. A list
+of pods asked for as a Table (`application/json;as=Table;v=v1;g=meta.k8s.io`) is printed as the
+real server prints it (k8s_table), honouring `includeObject`; a Table of any other resource is not
+served here (nothing asks for one): that entry of `Accept` is passed over, as an unserved type is.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support import crds, k8s_protobuf, objects
+from tests.support import crds, k8s_protobuf, k8s_table, objects
 
 REASONS = {
     400: "BadRequest",
@@ -52,6 +55,8 @@ REASONS = {
 }
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 JSON = "application/json"
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+_POD_COLLECTION = re.compile(r"^/api/v1(?:/namespaces/[^/]+)?/pods$")
 MAX_CONFIGMAP_BYTES = 1024 * 1024  # the API server's limit on a ConfigMap's (or Secret's) data
 # The fields the real server lets pods be selected by (pkg/registry/core/pod: PodToSelectableFields).
 POD_FIELDS = {
@@ -168,6 +173,8 @@ class KubeApiServer:
     cache_lists: bool = False
     # False: JSON only, as an API server behind a proxy (or aggregator) that serves no protobuf.
     serves_protobuf: bool = True
+    # False: no Tables either, as a proxy that passes only plain lists.
+    serves_tables: bool = True
     # Bytes of every answer body, per format and resource ("json /api/v1/pods"): what the server
     # had to encode, the proxy for what a run costs it (bench-kdd).
     encoded_bytes: Counter[str] = field(default_factory=Counter)
@@ -619,6 +626,12 @@ class KubeApiServer:
             if not wanted and not fields:  # as the real server: unknown under a selector
                 metadata["remainingItemCount"] = len(listing) - position + 1
         head = {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata}
+        if media == TABLE:
+            include = query.get("includeObject") or "Metadata"
+            if include not in k8s_table.INCLUDE_OBJECT:
+                return 400, status_body(400, f"unrecognized includeObject value: {json.dumps(include)}")
+            rows = [k8s_table.row(self.objects[c][n], include) for _, c, n in page]
+            return 200, TableAnswer(json.dumps(k8s_table.table(metadata, rows)).encode())
         if media == PROTOBUF:  # an object k8s_protobuf cannot encode raises Unencodable (handle: a 500)
             items = [self._protobuf(c, n, kind) for _, c, n in page]
             return 200, Protobuf(k8s_protobuf.listing(head["kind"], metadata, items))
@@ -644,14 +657,26 @@ class Protobuf(bytes):
     """An answer body already encoded as Kubernetes protobuf."""
 
 
-def negotiate(accept: str, path: str, protobuf: bool = True) -> str | None:
+class TableAnswer(bytes):
+    """An answer body already encoded as a JSON Table."""
+
+
+def negotiate(accept: str, path: str, protobuf: bool = True, tables: bool = True) -> str | None:
     """The media type to answer in: the first type `accept` lists that the resource is served in
-    (protobuf: the built-in kinds, here the core group; JSON: everything); None: 406."""
+    (protobuf: the built-in kinds, here the core group; JSON: everything; a Table: lists of pods
+    here); None: 406."""
     served = {JSON: JSON, "application/*": JSON, "*/*": JSON}
     if protobuf and path.startswith("/api/"):
         served[PROTOBUF] = PROTOBUF
     for entry in (accept or "*/*").split(","):
-        media = served.get(entry.split(";")[0].strip())
+        base, *params = (part.strip() for part in entry.split(";"))
+        options = dict(p.split("=", 1) for p in params if "=" in p)
+        if options.get("as") == "Table":
+            table = served.get(base) == JSON and options.get("g") == "meta.k8s.io" and options.get("v") == "v1"
+            if table and tables and _POD_COLLECTION.match(path):
+                return TABLE
+            continue
+        media = served.get(base)
         if media:
             return media
     return None
@@ -700,7 +725,7 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             accept = self.headers.get("Accept") or ""
-            media = negotiate(accept, urlsplit(self.path).path, api.serves_protobuf)
+            media = negotiate(accept, urlsplit(self.path).path, api.serves_protobuf, api.serves_tables)
             answer = (
                 api.handle(self.command, self.path, body, self.headers.get("User-Agent") or "", media)
                 if media
@@ -712,6 +737,8 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             status, body = answer
             if isinstance(body, Protobuf):
                 data, form, content_type = bytes(body), "protobuf", PROTOBUF
+            elif isinstance(body, TableAnswer):
+                data, form, content_type = bytes(body), "table", TABLE
             elif isinstance(body, str):
                 data, form, content_type = body.encode(), "text", "text/plain"
             else:
