@@ -237,15 +237,17 @@ _POD_COLUMNS = ("Name", "IP", "Node")
 def _pod_rows(raw: bytes) -> tuple[Sequence[PodEntry], str | None]:
     """A page of pods printed as a Table: each row's name, first IP and node, found by the columns'
     names (their order is the printer's to change). A row without those three is an
-    UnreadableItem."""
+    UnreadableItem; a page without rows needs no columns."""
     page = _TABLE.decode(raw)
+    if not page.rows:
+        return (), page.metadata.continue_ or None
     columns = [column.name for column in page.columnDefinitions or ()]
     missing = [name for name in _POD_COLUMNS if name not in columns]
     if missing:
         raise UnreadableItem(f"a Table of pods without the column(s) {', '.join(missing)} (it has {columns})")
     at_name, at_ip, at_node = (columns.index(name) for name in _POD_COLUMNS)
     entries: list[PodEntry] = []
-    for number, row in enumerate(page.rows or ()):
+    for number, row in enumerate(page.rows):
         cells = row.cells
         try:
             name, ip, node = cells[at_name], cells[at_ip], cells[at_node]

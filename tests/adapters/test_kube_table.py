@@ -4,6 +4,7 @@ namespace, which a row without its object does not carry."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,17 @@ def test_a_table_the_job_cannot_read_is_one_line_naming_what(
     with pytest.raises(KubeError) as raised:
         each_pod(kubeapi, tmp_path, one_ip_each=True)
     assert raised.value.kind == "bad_answer" and said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_empty_page_needs_no_columns_and_an_empty_list_is_no_pods(kubeapi: KubeApiServer, tmp_path: Path) -> None:
+    assert each_pod(kubeapi, tmp_path, one_ip_each=True) == {}
+    from_the_start = base64.urlsafe_b64encode(json.dumps({"last": ""}).encode()).decode()  # the test server's form
+    page = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"continue": from_the_start}, "rows": []}
+    kubeapi.add_pod("shop", "cart-1", "n1", "100.96.0.1")
+    kubeapi.fail("GET", "^/api/v1/pods$", 200, body=page)
+    assert each_pod(kubeapi, tmp_path, one_ip_each=True) == {
+        (ANY_NAMESPACE, "cart-1"): PodInfo("n1", ("100.96.0.1",))
+    }, "a page with no rows and no columns, then the rest by its continue token"
 
 
 def test_fields_of_a_table_the_job_does_not_read_may_hold_anything(kubeapi: KubeApiServer, tmp_path: Path) -> None:
