@@ -327,8 +327,14 @@ def _leaked(
     each, no namespace: Kube.each_pod), far cheaper for it to serve than the pods."""
     starting: list[tuple[tuple[str, str], PodInfo]] = []
     settled = settler(scan.pod_ips) if scan.attributed else None
+    families = {":" in block.cidr for block in blocks}
+    one_ip_each = len(families) < 2
 
     def take(key: tuple[str, str], pod: PodInfo) -> None:
+        if one_ip_each and families and pod.ips and not families & {":" in ip for ip in pod.ips}:
+            # Printed first, another family's address (another IPAM's) hides the blocks' one:
+            # the pod is taken as one whose IPs are not known, settled by name and node.
+            pod = PodInfo(pod.node, ())
         if settled is not None:
             settled(key, pod)
         elif pod.ips:
@@ -336,7 +342,6 @@ def _leaked(
         else:
             starting.append((key, pod))
 
-    one_ip_each = len({":" in block.cidr for block in blocks}) < 2
     try:
         _read(deps, "the pods", deps.nodes.each_pod, take, one_ip_each)
     except KubeError as error:

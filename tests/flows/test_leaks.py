@@ -240,3 +240,12 @@ def test_with_blocks_of_both_families_the_pods_are_listed_whole(harness: Harness
     report, code = harness.run(kdd(harness))
     assert code == 0 and list(leaks(report)) == ["100.96.1.9"], "the ghost's only"
     assert "protobuf /api/v1/pods" in harness.kubeapi.take_encoded_bytes()
+
+
+def test_a_pod_printed_with_another_familys_address_first_is_settled_by_name(harness: Harness) -> None:
+    """The blocks are IPv4, a pod's first address is IPv6 from another IPAM: its row hides the
+    blocks' address, so the pod settles its allocations by name and node, as one without IPs."""
+    seed_kdd(harness.kubeapi)
+    harness.kubeapi.add_pod("default", "web-a", LIVE_A, "fd00:96::5", "100.96.1.5")
+    report, code = harness.run(kdd(harness))
+    assert code == 0 and list(leaks(report)) == ["100.96.1.9"], "web-a's 100.96.1.5 is held, the ghost's is not"
