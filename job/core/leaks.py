@@ -96,22 +96,30 @@ def settle(candidates: dict[tuple[str, str], list[Allocation]], key: tuple[str, 
 
 
 def settler(candidates: dict[tuple[str, str], list[Allocation]]) -> Callable[[tuple[str, str], PodInfo], None]:
-    """`settle` for each listed pod. A pod listed without its namespace (ANY_NAMESPACE) settles the
-    candidates of its name in every namespace: an IP that a pod of that name holds on that node is
-    in use, whoever's it is, and an IP-less one may be any of them (a leak hidden so waits a run)."""
-    by_name: dict[str, list[tuple[str, str]]] = {}
+    """`settle` for each listed pod, once `candidates` are all known. A pod listed without its
+    namespace (ANY_NAMESPACE) settles the candidates of its name in every namespace: an IP that a
+    pod of that name holds on that node is in use, whoever's it is, and an IP-less one may be any
+    of them (a leak hidden so waits a run)."""
+    by_name: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for each in candidates:
+        by_name[each[1]].append(each)
 
     def one(key: tuple[str, str], pod: PodInfo) -> None:
-        if key[0] != ANY_NAMESPACE:
-            settle(candidates, key, pod)
-            return
-        if not by_name:  # made at the first such pod, once the candidates are all known
-            for each in candidates:
-                by_name.setdefault(each[1], []).append(each)
-        for each in by_name.get(key[1], ()):
+        keys = by_name.get(key[1], ()) if key[0] == ANY_NAMESPACE else (key,)
+        for each in keys:
             settle(candidates, each, pod)
 
     return one
+
+
+def as_listed(pod: PodInfo, families: Set[bool]) -> PodInfo:
+    """A listed pod as the leak check reads it, the blocks being of `families` (True: IPv6). Where
+    they are of one family and none of the pod's IPs is (another IPAM's address, printed first in
+    a Table row, Kube.each_pod), the blocks' address is not said: the pod is taken as one whose IPs
+    are not known, which settles by name and node."""
+    if len(families) != 1 or not pod.ips or families & {":" in ip for ip in pod.ips}:
+        return pod
+    return PodInfo(pod.node, ())
 
 
 def sighting(allocation: Allocation) -> str:

@@ -32,7 +32,7 @@ from job.core.health import HealthInputs, after_writes, at_or_above, diagnose, l
 from job.core.inventory import Inventory
 from job.core.ipam import stale_handles
 from job.core.kept import KubeVirt
-from job.core.leaks import LEAK_RELEASED, Allocation, LeakPlan, plan_leaks, settler
+from job.core.leaks import LEAK_RELEASED, Allocation, LeakPlan, as_listed, plan_leaks, settler
 from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, Plan, PodInfo
 from job.core.plan import HANDLE_REPAIRED, plan_run
 from job.core.report import Befores, RunRecord, build
@@ -331,10 +331,7 @@ def _leaked(
     one_ip_each = len(families) < 2
 
     def take(key: tuple[str, str], pod: PodInfo) -> None:
-        if one_ip_each and families and pod.ips and not families & {":" in ip for ip in pod.ips}:
-            # Printed first, another family's address (another IPAM's) hides the blocks' one:
-            # the pod is taken as one whose IPs are not known, settled by name and node.
-            pod = PodInfo(pod.node, ())
+        pod = as_listed(pod, families)
         if settled is not None:
             settled(key, pod)
         elif pod.ips:
