@@ -219,7 +219,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=5000)
     parser.add_argument("--orphans", type=int, default=500)
     parser.add_argument("--pods-per-host", type=int, default=20)
-    parser.add_argument("--page-size", type=int, default=2000)
+    parser.add_argument("--page-size", type=int, default=Config().page_size, help="the job's --page-size")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
     parser.add_argument("--shape", choices=SHAPES, default="together", help="how the fleet is laid out (generate.py)")

@@ -149,7 +149,7 @@ def test_an_unreachable_endpoint(harness: Harness) -> None:
 
 
 def test_answers_above_grpcs_default_4_mib_are_read(etcd: EtcdServer) -> None:
-    """A page of 2,000 blocks is 10 MB: gRPC refuses answers above 4 MiB unless told otherwise."""
+    """A first page of 1,000 blocks is 5 MB: gRPC refuses answers above 4 MiB unless told otherwise."""
     prefix = "/calico/ipam/v2/handle/"
     value = "x" * 1_000_000
     for i in range(6):  # one a request: etcd takes 1.5 MiB a request at most

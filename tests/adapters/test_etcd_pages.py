@@ -14,6 +14,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from job.adapters.datastores import etcdv3
 from job.adapters.datastores.base import DatastoreError
 from job.adapters.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, NamespaceStarts, Window
 from job.adapters.retry import RetryPolicy
@@ -91,6 +92,28 @@ def test_windows_spare_etcd_the_count_of_the_rest_of_the_prefix(etcd: EtcdServer
     pages = len(keys) / 50
     assert counted < 8 * len(keys), f"a plain paged read makes etcd count ~{len(keys) * pages / 2:.0f}"
     assert asked <= 1.5 * pages, "windows that miss cost extra ranges"
+
+
+def test_a_first_page_is_bounded_by_keys_and_the_others_by_bytes(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before a prefix's keys are seen their size is not known: the first page asks for at most
+    FIRST_PAGE_KEYS however large --page-size is, and the later pages for about PAGE_BYTES."""
+    monkeypatch.setattr(etcdv3, "FIRST_PAGE_KEYS", 10)
+    monkeypatch.setattr(etcdv3, "PAGE_BYTES", 25 * 200)
+    keys = {f"{PREFIX.decode()}{n:04}": "v" * 200 for n in range(120)}
+    calico.wipe(etcd.url)
+    calico.load(etcd.url, keys)
+    store = EtcdV3Datastore(
+        Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=1000), RetryPolicy()
+    )
+    try:
+        pages = [[kv.key.decode() for kv in kvs] for kvs, _ in store.scan(PREFIX.decode())]
+    finally:
+        store.close()
+    assert [key for page in pages for key in page] == sorted(keys)
+    assert len(pages[0]) == 10, "the first page asked for --page-size keys"
+    assert all(len(page) <= 25 for page in pages[1:]) and len(pages) >= 1 + 110 // 25
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -30,7 +30,7 @@ from job.adapters.retry import RetryPolicy, one_line
 from job.config import Config
 
 # etcd answers up to its --max-request-bytes (1.5 MiB) in a request but without limit in a range
-# answer: a page of 2,000 blocks is 10 MB. The read's own bound is its page size (etcdv3.PAGE_BYTES).
+# answer: a first page of 1,000 blocks is 5 MB. The read's own bound is its page size (etcdv3.PAGE_BYTES).
 MAX_ANSWER_BYTES = 256 << 20
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
