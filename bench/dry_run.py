@@ -225,6 +225,11 @@ def main() -> int:
     parser.add_argument("--shape", choices=SHAPES, default="together", help="how the fleet is laid out (generate.py)")
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     parser.add_argument(
+        "--job-tree-args",
+        default="",
+        help="more flags for the --job-tree checkout's runs, after the others (e.g. its own --page-size)",
+    )
+    parser.add_argument(
         "--no-profiles",
         action="store_true",
         help="leave out the namespace profiles, as where kube-controllers keeps none (the endpoints' windows then stop "
@@ -267,9 +272,10 @@ def main() -> int:
             ),
         }
         if options.job_tree:
-            cases[f"{options.job_tree} (--max-deletions 20)"] = (base, 20)
+            tree_args = options.job_tree_args.split()
+            cases[f"{options.job_tree} (--max-deletions 20)"] = ([*base, *tree_args], 20)
             cases[f"{options.job_tree} every orphan planned"] = (
-                [*base, "--max-deletions", str(options.orphans)],
+                [*base, "--max-deletions", str(options.orphans), *tree_args],
                 options.orphans,
             )
         # Runs alternate (each read, each job case) so that drifting machine load hits all alike;

@@ -290,7 +290,7 @@ OPTIONS: tuple[Option, ...] = (
         "--page-size",
         "CALICO_GC_PAGE_SIZE",
         "10000",
-        "Most keys per paged etcd read (pages also stop at about 3 MiB, and a prefix's first at 1,000 "
+        "Most keys per paged etcd read (pages also stop at about 1.5 MiB, and a prefix's first at 1,000 "
         "keys; every page is one more request to etcd, so small pages cost time).",
         metavar="N",
     ),
