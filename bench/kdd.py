@@ -574,9 +574,9 @@ def main() -> int:
                 server.handle("GET", f"{path}?{urllib.parse.urlencode(selectors)}", b"", media=PROTOBUF)
         # What the server serves in each variant: (protobuf, Tables). A Table of pods is asked for
         # where the blocks are of one family; without Tables is as where they are of both.
-        asked = "Pods as a Table, Nodes in protobuf"  # what a cluster of one family gets: the baseline below
+        baseline = "Pods as a Table, Nodes in protobuf"  # what a cluster of one family gets
         variants = {
-            asked: (True, True),
+            baseline: (True, True),
             "no Tables (blocks of both families): Pods and Nodes in protobuf": (True, False),
             "JSON only": (False, False),
         }
@@ -614,7 +614,7 @@ def main() -> int:
             )
         if options.profile:
             profile(env, args, workdir)
-        base_peak = statistics.median(j[1] for j in runs[asked])
+        base_peak = statistics.median(j[1] for j in runs[baseline])
         add_pods(server.url, server, options.nodes, gone, options.extra_pods, options.pods_per_node)
         gc.freeze()
         more = [run_job(env, args)[1] for _ in range(options.repeat)]
