@@ -842,10 +842,19 @@ class Held:
         return found is not None and found == counts
 
     def exact(self, handle_id: str, value: str | None) -> bool:
-        """Whether a handle's text is exactly what Calico writes for what one block holds for it:
-        nearly every handle. Compared as text, only the handles that differ are parsed."""
-        if value is None or not value.startswith('{"block":{"'):
-            return False  # another writer's text (spacing, field order): no text to build for it
+        """Whether a handle's text is exactly what Calico writes for what one block holds for it
+        (nearly every handle), or what Python's json.dumps writes for the same (scripts and tools
+        that rewrote the keys: `{"block": {...}, "deleted": false}`). Compared as text, only the
+        handles that differ are parsed: at 5,000 hosts rewritten by json.dumps, parsing all
+        105,000 took 0.05 s (docs/development.md)."""
+        if value is None:
+            return False
+        if value.startswith('{"block":{"'):
+            form = '{{"block":{{"{}":{}}},"deleted":false}}'
+        elif value.startswith('{"block": {"'):
+            form = '{{"block": {{"{}": {}}}, "deleted": false}}'
+        else:
+            return False  # another writer's text (other spacing, field order): no text to build for it
         found = self._by_hash.get(hash(handle_id))
         if isinstance(found, str):
             cidr, count = found, 1
@@ -853,7 +862,7 @@ class Held:
             ((cidr, count),) = found.items()
         else:
             return False
-        return value == f'{{"block":{{"{cidr}":{count}}},"deleted":false}}'
+        return value == form.format(cidr, count)
 
 
 def stale_handles(

@@ -464,6 +464,12 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
     assert held.exact("b", '{"block":{"10.0.0.0/26":2},"deleted":false}')
     assert not held.exact("b", '{"block":{"10.0.0.0/26":1},"deleted":false}')
     assert not held.exact("c", '{"block":{"10.0.0.0/26":1},"deleted":false}') and not held.exact("z", "{}")
+    # As Python's json.dumps writes them (a tool rewrote the keys): the same answers, not parsed.
+    assert held.exact("a", json.dumps({"block": {"10.0.0.0/26": 1}, "deleted": False}))
+    assert held.exact("b", json.dumps({"block": {"10.0.0.0/26": 2}, "deleted": False}))
+    assert not held.exact("b", json.dumps({"block": {"10.0.0.0/26": 1}, "deleted": False}))
+    assert not held.exact("a", json.dumps({"block": {"10.0.0.0/26": 1}, "deleted": True}))
+    assert not held.exact("a", json.dumps({"block": {"10.0.0.0/26": 1}, "deleted": False}, indent=1))
     assert "a" in held and "z" not in held and held.cidrs({hash("c")}) == {"10.0.0.0/26", "fd00::/122"}
 
 
