@@ -22,11 +22,20 @@ from tests.support import crds, objects
 from tests.support.groups import V1, Group
 from tests.support.kubeapi import KubeApiServer
 
-# Where absence means something to Calico (and so to the job), a field is not added.
+# Where absence means something to Calico (and so to the job), a field is not added; nor where
+# the CRD's CEL rules refuse it beside another (a per-node FelixConfiguration has no nodeSelector,
+# and routeTableRange and routeTableRanges cannot both be set).
 KEEP_ABSENT = {
     "ipamblocks": frozenset(
         {"spec.affinity", "spec.attributes[].releasedAt", "spec.attributes[].alternateOwnerAttrs", "spec.unallocated[]"}
     ),
+    "felixconfigurations": frozenset({"spec.nodeSelector", "spec.routeTableRange"}),
+}
+# Values the CEL rules want where the plainest a schema admits (zero, false) is refused: a route
+# table range from 1, and the node mesh on where its password and restart time are set.
+PRESET = {
+    "felixconfigurations": {"routeTableRanges": [{"min": 1, "max": 250}]},
+    "bgpconfigurations": {"nodeToNodeMeshEnabled": True},
 }
 # Without Calico's CRDs: fields of the shapes a real server may hold, in places the job does not read.
 OWN_FIXTURE = {
@@ -42,7 +51,8 @@ def fill_everything(kubeapi: KubeApiServer) -> int:
         crd = kubeapi.crd_of(collection)
         for name, obj in list(stored.items()):
             if crd is not None:
-                whole = crds.filled(crd, obj, KEEP_ABSENT.get(crd.plural, frozenset()))
+                preset = {**obj, "spec": {**PRESET.get(crd.plural, {}), **(obj.get("spec") or {})}}
+                whole = crds.filled(crd, preset, KEEP_ABSENT.get(crd.plural, frozenset()))
             elif collection.startswith("/apis/") and "projectcalico.org/" in collection:
                 whole = copy.deepcopy(obj)
                 whole["status"] = OWN_FIXTURE["status"]

@@ -4,12 +4,14 @@ server assigns to every object written, list option validation, field selectors,
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
 
-from tests.support import crds, objects
+from tests.support import cel, crds, objects
 from tests.support.kubeapi import KubeApiServer
 
 
@@ -176,6 +178,139 @@ def test_a_calico_write_the_real_server_refuses_is_a_422_in_its_shape(
     assert call(kubeapi, "GET", f"{path}/{name}").status_code == 404, "nothing stored"
     with pytest.raises(AssertionError, match="the real API server would refuse this seed"):
         kubeapi.put(path, body)
+
+
+def pool(cidr: str, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "pool"}, "spec": {"cidr": cidr, **spec}}
+
+
+@needs_crds
+@pytest.mark.parametrize(
+    ("path", "body", "field", "said"),
+    [
+        (
+            f"{CRD}/ippools",
+            pool("10.0.0.1/16"),
+            "spec",
+            'Invalid value: "object": IPPool CIDR must be strictly masked',
+        ),
+        (
+            f"{CRD}/ippools",
+            pool("fd00::/112", ipipMode="Always"),
+            "spec",
+            "Forbidden: IPIP is not supported on IPv6 pools",  # the rule's reason: FieldValueForbidden
+        ),
+        (
+            f"{CRD}/felixconfigurations",
+            {"metadata": {"name": "node.a"}, "spec": {"nodeSelector": "all()"}},
+            "<nil>",  # a rule on the object itself: the real server names no field
+            "Forbidden: nodeSelector must not be set on the 'default' or per-node ('node.*') FelixConfiguration",
+        ),
+        (
+            f"{CRD}/felixconfigurations",
+            {"metadata": {"name": "node.a"}, "spec": {"routeTableRange": {"min": 0, "max": 250}}},
+            "spec.routeTableRange",
+            'Invalid value: "object": must be a range of route table indices within 1..250',
+        ),
+        (
+            f"{CRD}/felixconfigurations",
+            {"metadata": {"name": "node.a"}, "spec": {"natOutgoingAddress": "::ffff:10.0.0.1"}},
+            "spec",  # an IPv4-mapped IPv6 address is no IP to Kubernetes' isIP()
+            'Invalid value: "object": natOutgoingAddress must be a valid IPv4 address',
+        ),
+        (
+            f"{CRD}/hostendpoints",
+            {"metadata": {"name": "a-eth0"}, "spec": {"node": "a"}},
+            "spec",
+            'Invalid value: "object": at least one of interfaceName or expectedIPs must be specified',
+        ),
+        (
+            f"{CRD}/bgppeers",
+            {"metadata": {"name": "a-peer"}, "spec": {"node": "a", "nodeSelector": "all()", "peerIP": "10.0.0.9"}},
+            "spec",
+            "Forbidden: node and nodeSelector cannot both be set",
+        ),
+    ],
+    ids=["pool-masked", "pool-ipip-v6", "root", "nested", "mapped-ip", "hostendpoint", "bgppeer"],
+)
+def test_a_crds_cel_rules_refuse_what_the_real_server_refuses(
+    kubeapi: KubeApiServer, path: str, body: dict[str, Any], field: str, said: str
+) -> None:
+    """Calico's x-kubernetes-validations rules, on the kinds a restore creates and the tests seed."""
+    answer = call(kubeapi, "POST", path, body)
+    assert answer.status_code == 422, answer.text
+    status = answer.json()
+    assert status["message"].endswith(f'"{body["metadata"]["name"]}" is invalid: {field}: {said}')
+    reason = "FieldValueForbidden" if said.startswith("Forbidden: ") else "FieldValueInvalid"
+    assert status["details"]["causes"] == [{"reason": reason, "message": said, "field": field}]
+    assert call(kubeapi, "GET", f"{path}/{body['metadata']['name']}").status_code == 404, "nothing stored"
+    with pytest.raises(AssertionError, match="the real API server would refuse this seed"):
+        kubeapi.put(path, body)
+
+
+@needs_crds
+def test_cel_transition_rules_judge_an_update_and_type_errors_block_the_rules(kubeapi: KubeApiServer) -> None:
+    created = call(kubeapi, "POST", f"{CRD}/ippools", pool("10.0.0.0/16", blockSize=26))
+    assert created.status_code == 201, created.text  # a create has no oldSelf: the transition rules wait
+    stored = created.json()
+    moved = {**stored, "spec": {**stored["spec"], "cidr": "10.1.0.0/16"}}
+    answer = call(kubeapi, "PUT", f"{CRD}/ippools/pool", moved)
+    assert answer.status_code == 422, answer.text
+    said = 'Invalid value: "string": CIDR cannot be changed; follow IP pool migration guide to avoid corruption.'
+    assert answer.json()["details"]["causes"] == [
+        {"reason": "FieldValueInvalid", "message": said, "field": "spec.cidr"}
+    ]
+    kept = {**stored, "spec": {**stored["spec"], "disabled": True}}
+    assert call(kubeapi, "PUT", f"{CRD}/ippools/pool", kept).status_code == 200, "the same cidr and block size"
+    # A type error blocks the rules (the pool's unmasked CIDR is not judged), as the real server does.
+    answer = call(
+        kubeapi, "POST", f"{CRD}/ippools", {**pool("10.9.0.1/16", blockSize="26"), "metadata": {"name": "p2"}}
+    )
+    causes = answer.json()["details"]["causes"]
+    assert [c["field"] for c in causes] == ["spec.blockSize", "<nil>"], causes
+    assert causes[1]["message"] == f"Invalid value: null: {cel.NOT_CHECKED}"
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("isIP('10.0.0.1') && !isIP('010.0.0.1') && !isIP('::ffff:10.0.0.1') && !isIP('fe80::1%eth0')", True),
+        ("isCIDR('10.0.0.1/24') && !isCIDR('10.0.0.0') && !isCIDR('10.0.0.0/33')", True),
+        ("cidr('10.0.0.1/24').masked() == cidr('10.0.0.0/24') && cidr('10.0.0.1/24') != cidr('10.0.0.0/24')", True),
+        ("cidr('10.0.0.0/24').containsIP('10.0.0.9') && !cidr('10.0.0.0/24').containsIP(ip('10.0.1.0'))", True),
+        ("cidr('10.0.0.0/16').containsCIDR('10.0.3.0/24') && !cidr('10.0.0.0/24').containsCIDR('10.0.0.0/16')", True),
+        ("ip('fd00::1').family() == 6 && cidr('10.0.0.0/8').ip().family() == 4", True),
+        ("cidr('fd00::/64').prefixLength() == 64", True),
+    ],
+)
+def test_the_ip_and_cidr_library_parses_as_kubernetes_does(expression: str, expected: bool) -> None:
+    assert not cel.failures(
+        {"type": "object", "x-kubernetes-validations": [{"rule": f"({expression}) == {str(expected).lower()}"}]},
+        {"metadata": {"name": "x"}},
+        None,
+    )
+
+
+def _rules(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        yield from (str(rule["rule"]) for rule in node.get("x-kubernetes-validations") or ())
+        for value in node.values():
+            yield from _rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _rules(value)
+
+
+@needs_crds
+def test_every_rule_in_calicos_crds_compiles_and_calls_what_is_given() -> None:
+    """A rule this server cannot evaluate would refuse what the real server takes."""
+    rules = {rule for crd in crds.calico(crds.V1_FILE, crds.V3_FILE) for rule in _rules(crd.schema)}
+    assert len(rules) > 50, "Calico's CRDs have dozens of distinct rules"
+    builtins = {"has", "size", "all", "exists", "exists_one", "map", "filter", "contains", "startsWith", "endsWith"}
+    for rule in rules:
+        called = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\(", re.sub(r"'[^']*'", "''", rule)))
+        assert called <= builtins | set(cel.FUNCTIONS), (rule, called - builtins - set(cel.FUNCTIONS))
+        assert cel.failures({"x-kubernetes-validations": [{"rule": f"true || ({rule})"}]}, {}, None) == [], rule
 
 
 @needs_crds

@@ -93,3 +93,25 @@ def test_kubernetes_datastore_restore_leaves_an_ip_allocated_again_since(harness
     # The gone node's own blocks and affinities are back all the same.
     assert harness.kubeapi.get(f"{api}/ipamblocks", "100-96-9-0-26") is not None
     assert harness.kubeapi.get(f"{api}/blockaffinities", f"{GONE}-100-96-9-0-26") is not None
+
+
+def test_a_restored_object_the_crds_rules_refuse_fails_its_host_in_one_line(harness: Harness, group: Group) -> None:
+    """The real server judges a restore's creates by the CRD's CEL rules too (a report from a
+    Calico whose objects a newer CRD refuses, or one edited by hand): the refusal is the host's
+    error, in the server's words, and nothing is half put back unsaid."""
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 1
+    (host,) = report["hosts"]
+    key = f"hostendpoints/{GONE}-eth0"
+    (change,) = [c for c in host["changes"] if c["key"].endswith(key)]
+    before = json.loads(change["before"])
+    del before["spec"]["interfaceName"]  # a HostEndpoint needs an interface name or expected IPs
+    change["before"] = json.dumps(before)
+    document, code = harness.restore(kdd(harness, apply=True), source=report)
+    assert code == 4 and document["summary"]["failed"] == 1
+    (restored,) = document["hosts"]
+    assert restored["action"] == "failed" and "\n" not in restored["error"]
+    assert "at least one of interfaceName or expectedIPs must be specified" in restored["error"], restored["error"]
+    assert harness.kubeapi.get(f"{api}/hostendpoints", f"{GONE}-eth0") is None

@@ -495,7 +495,8 @@ class KubeApiServer:
 
     def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
         """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
-        return self.put(collection, crds.admit(crd, obj) if crd else obj, self._manager, admitted=True)
+        old = self.objects.get(collection, {}).get(str((obj.get("metadata") or {}).get("name") or ""))
+        return self.put(collection, crds.admit(crd, obj, old) if crd else obj, self._manager, admitted=True)
 
     def _discovery(self, path: str) -> tuple[int, dict[str, Any]]:
         """`/apis` (the groups served) and `/apis/<group>/<version>` (a CRD group's resources), as
