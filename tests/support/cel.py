@@ -38,8 +38,13 @@ from celpy import celtypes
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 # Causes of the schema's own checks after which the server runs no rule (strategy.go, hasBlockingErr).
-BLOCKING = ("FieldValueNotSupported", "FieldValueRequired", "FieldValueTooLong", "FieldValueTooMany")
-BLOCKING += ("FieldValueTypeInvalid",)
+BLOCKING = (
+    "FieldValueNotSupported",
+    "FieldValueRequired",
+    "FieldValueTooLong",
+    "FieldValueTooMany",
+    "FieldValueTypeInvalid",
+)
 NOT_CHECKED = (
     "some validation rules were not checked because the object was invalid; "
     "correct the existing errors to complete validation"
@@ -125,8 +130,8 @@ def _contains_ip(network: CIDR, value: Any) -> celtypes.BoolType:
 
 def _contains_cidr(network: CIDR, value: Any) -> celtypes.BoolType:
     other = value if isinstance(value, CIDR) else _cidr(value)
-    inner = other.network.network
-    return celtypes.BoolType(inner.version == network.network.version and inner.subnet_of(network.network.network))  # type: ignore[arg-type]
+    inner, outer = other.network.network, network.network.network
+    return celtypes.BoolType(inner.version == outer.version and inner.subnet_of(outer))
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -203,6 +208,9 @@ def _walk(schema: dict[str, Any], value: Any, old: Any, path: str, root: bool = 
             yield from _walk(schema["items"], item, before, f"{path}[{index}]")
 
 
+_REASONS = ("FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate")
+
+
 def _check(rule: dict[str, Any], schema: dict[str, Any], value: Any, old: Any, path: str, root: bool) -> Failure | None:
     expression = str(rule.get("rule") or "")
     if not expression:
@@ -236,9 +244,6 @@ def _check(rule: dict[str, Any], schema: dict[str, Any], value: Any, old: Any, p
         "FieldValueDuplicate": f'Duplicate value: "{kind}"',
     }.get(reason, f'Invalid value: "{kind}": {message}')
     return Failure(reason if reason in _REASONS else "FieldValueInvalid", where, said, expression)
-
-
-_REASONS = ("FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate")
 
 
 def _message(rule: dict[str, Any], activation: dict[str, Any]) -> str | None:
