@@ -503,8 +503,8 @@ def _within_rules(crd: Crd, obj: dict[str, Any], whole: dict[str, Any]) -> dict[
             return whole
         node = _parts("" if refused[0].path == "<nil>" else refused[0].path)
         named = [node + _parts(m.group(1).lstrip(".")) for m in _SELF_FIELD.finditer(refused[0].rule)]
-        for path in ([node], *reversed(named)):
-            added = _outermost_added(obj, whole, path, len(node) if path is not node else 0)
+        for path in (node, *reversed(named)):
+            added = _outermost_added(obj, whole, path, 0 if path is node else len(node))
             if added is not None:
                 _remove(whole, added)
                 break
@@ -536,7 +536,7 @@ def _outermost_added(
     obj: dict[str, Any], whole: dict[str, Any], path: list[str | int], below: int
 ) -> list[str | int] | None:
     """The shortest prefix of `path`, longer than `below` parts, that `whole` holds and `obj` did not."""
-    for length in range(max(below, 1), len(path) + 1):
+    for length in range(below + 1, len(path) + 1):
         prefix = path[:length]
         if _at(whole, prefix)[0] and not _at(obj, prefix)[0]:
             return prefix
