@@ -1,5 +1,6 @@
 """The Kubernetes API test server behaves as the real one where the job relies on it: what the
-server assigns to every object written, list option validation, field selectors, paging."""
+server assigns to every object written, list option validation, field selectors, paging, and
+admission of Calico's objects by their CRDs' schemas and CEL rules."""
 
 from __future__ import annotations
 
