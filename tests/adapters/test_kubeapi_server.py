@@ -263,6 +263,8 @@ def test_cel_transition_rules_judge_an_update_and_type_errors_block_the_rules(ku
     ]
     kept = {**stored, "spec": {**stored["spec"], "disabled": True}}
     assert call(kubeapi, "PUT", f"{CRD}/ippools/pool", kept).status_code == 200, "the same cidr and block size"
+    with pytest.raises(AssertionError, match="CIDR cannot be changed"):  # a seed is judged as a write
+        kubeapi.put(f"{CRD}/ippools", {**moved, "metadata": {"name": "pool"}})
     # A type error blocks the rules (the pool's unmasked CIDR is not judged), as the real server does.
     answer = call(
         kubeapi, "POST", f"{CRD}/ippools", {**pool("10.9.0.1/16", blockSize="26"), "metadata": {"name": "p2"}}
@@ -273,20 +275,21 @@ def test_cel_transition_rules_judge_an_update_and_type_errors_block_the_rules(ku
 
 
 @pytest.mark.parametrize(
-    ("expression", "expected"),
+    "expression",
     [
-        ("isIP('10.0.0.1') && !isIP('010.0.0.1') && !isIP('::ffff:10.0.0.1') && !isIP('fe80::1%eth0')", True),
-        ("isCIDR('10.0.0.1/24') && !isCIDR('10.0.0.0') && !isCIDR('10.0.0.0/33')", True),
-        ("cidr('10.0.0.1/24').masked() == cidr('10.0.0.0/24') && cidr('10.0.0.1/24') != cidr('10.0.0.0/24')", True),
-        ("cidr('10.0.0.0/24').containsIP('10.0.0.9') && !cidr('10.0.0.0/24').containsIP(ip('10.0.1.0'))", True),
-        ("cidr('10.0.0.0/16').containsCIDR('10.0.3.0/24') && !cidr('10.0.0.0/24').containsCIDR('10.0.0.0/16')", True),
-        ("ip('fd00::1').family() == 6 && cidr('10.0.0.0/8').ip().family() == 4", True),
-        ("cidr('fd00::/64').prefixLength() == 64", True),
+        "isIP('10.0.0.1') && !isIP('010.0.0.1') && !isIP('::ffff:10.0.0.1') && !isIP('fe80::1%eth0')",
+        "isCIDR('10.0.0.1/24') && !isCIDR('10.0.0.0') && !isCIDR('10.0.0.0/33')",
+        "cidr('10.0.0.1/24').masked() == cidr('10.0.0.0/24') && cidr('10.0.0.1/24') != cidr('10.0.0.0/24')",
+        "cidr('10.0.0.0/24').containsIP('10.0.0.9') && !cidr('10.0.0.0/24').containsIP(ip('10.0.1.0'))",
+        "cidr('10.0.0.0/16').containsCIDR('10.0.3.0/24') && !cidr('10.0.0.0/24').containsCIDR('10.0.0.0/16')",
+        "ip('fd00::1').family() == 6 && cidr('10.0.0.0/8').ip().family() == 4",
+        "cidr('fd00::/64').prefixLength() == 64",
     ],
 )
-def test_the_ip_and_cidr_library_parses_as_kubernetes_does(expression: str, expected: bool) -> None:
+def test_the_ip_and_cidr_library_parses_as_kubernetes_does(expression: str) -> None:
+    """Each expression is true as Kubernetes evaluates it; here a false one or an error is a failure."""
     assert not cel.failures(
-        {"type": "object", "x-kubernetes-validations": [{"rule": f"({expression}) == {str(expected).lower()}"}]},
+        {"type": "object", "x-kubernetes-validations": [{"rule": expression}]},
         {"metadata": {"name": "x"}},
         None,
     )

@@ -228,7 +228,7 @@ class KubeApiServer:
         crd = self.crd_of(collection)
         if crd is not None and not admitted:
             try:
-                stored = crds.admit(crd, obj)
+                stored = crds.admit(crd, obj, self._stored(collection, obj))
             except crds.Invalid as error:
                 raise AssertionError(f"the real API server would refuse this seed: {error.message}") from None
             obj.clear()
@@ -495,8 +495,12 @@ class KubeApiServer:
 
     def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
         """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
-        old = self.objects.get(collection, {}).get(str((obj.get("metadata") or {}).get("name") or ""))
-        return self.put(collection, crds.admit(crd, obj, old) if crd else obj, self._manager, admitted=True)
+        admitted = crds.admit(crd, obj, self._stored(collection, obj)) if crd else obj
+        return self.put(collection, admitted, self._manager, admitted=True)
+
+    def _stored(self, collection: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The object a write of `obj` replaces, if any: the `oldSelf` of its CEL transition rules."""
+        return self.objects.get(collection, {}).get(str((obj.get("metadata") or {}).get("name") or ""))
 
     def _discovery(self, path: str) -> tuple[int, dict[str, Any]]:
         """`/apis` (the groups served) and `/apis/<group>/<version>` (a CRD group's resources), as
