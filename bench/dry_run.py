@@ -63,7 +63,7 @@ def grpc_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[Sequence[KeyValu
     start: str | bytes = prefix
     revision = None
     while True:
-        answer = store.range(start, end, revision, store._page_size)
+        answer, _ = store.range(start, end, revision, store._page_size)
         revision = revision or answer.header.revision
         yield answer.kvs
         if not (answer.more and answer.kvs and end):
@@ -133,7 +133,7 @@ def parallel_read_seconds(config: Config) -> float:
     """The same keys read the way the job reads them (prefixes side by side), parsing nothing."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
-    revision = store.range(PREFIXES[0], None, None).header.revision
+    revision = store.range(PREFIXES[0], None, None)[0].header.revision
     bounds = {WORKLOAD_ENDPOINTS: NamespaceStarts(store._namespace_profiles(revision))}
     for groups in (HOST_GROUPS, IPAM_GROUPS):
         with store._items(revision, groups, bounds=bounds) as items:

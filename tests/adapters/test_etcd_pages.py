@@ -175,7 +175,7 @@ def test_the_read_passes_the_interpreter_lock_more_often_only_while_it_runs(etcd
     before = sys.getswitchinterval()
     assert before != READ_SWITCH_INTERVAL
     try:
-        revision = store.range(PREFIX.decode(), None, None).header.revision
+        revision = store.range(PREFIX.decode(), None, None)[0].header.revision
         with store._items(revision, ((PREFIX.decode(),),)) as items:
             during = [sys.getswitchinterval() for _, kvs in items for _ in kvs]
         assert len(during) == 50 and set(during) == {READ_SWITCH_INTERVAL}

@@ -737,10 +737,11 @@ class EtcdV3Datastore:
 
     def range(
         self, start: str | bytes, end: bytes | None, revision: int | None, limit: int = 0, keys_only: bool = False
-    ) -> Any:
-        """Keys from `start` to `end` (None: `start` alone) at `revision` (None: now): etcd's RangeResponse."""
+    ) -> tuple[Any, int]:
+        """Keys from `start` to `end` (None: `start` alone) at `revision` (None: now): etcd's
+        RangeResponse, and its size in bytes."""
         key = _bytes(start) if isinstance(start, str) else start
-        answer = self._etcd.range(key, end or b"", limit or self._page_size, revision or 0, keys_only)
+        answer, size = self._etcd.range(key, end or b"", limit or self._page_size, revision or 0, keys_only)
         with self._ranges_lock:
             self._ranges["requests"] += 1
             self._ranges["keys"] += len(answer.kvs)
@@ -750,7 +751,7 @@ class EtcdV3Datastore:
                 "etcd answered a range without a revision: not etcd? check ETCD_ENDPOINTS (--etcd-endpoints)",
                 "bad_answer",
             )
-        return answer
+        return answer, size
 
     def scan(
         self, prefix: str, revision: int | None = None, keys_only: bool = False, bounds: Bounds = ()
@@ -779,7 +780,7 @@ class EtcdV3Datastore:
             capped = cap is not None and (bound is None or cap < bound)
             if capped:
                 bound = cap
-            response = self.range(start, bound or end, revision, limit, keys_only)
+            response, size = self.range(start, bound or end, revision, limit, keys_only)
             if revision is None:  # the header says the store's current revision, not the one asked for
                 revision = response.header.revision
             kvs = response.kvs
@@ -790,7 +791,6 @@ class EtcdV3Datastore:
             if response.more and kvs:
                 last = kvs[-1].key
                 start = last + b"\0"
-                size = response.ByteSize()  # one call, where len(kv.value) copies each value
                 limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
                 window = Window.after(kvs[0].key, last, len(kvs), WINDOW_PAGES * limit)
             elif bound is None:
@@ -882,7 +882,7 @@ class EtcdV3Datastore:
         Kubernetes Node names, it keeps of live hosts only what the block scan needs
         (Collected.live, docs/design.md): memory then follows hosts and orphans, not keys."""
         # One revision for every prefix: a consistent snapshot of the whole datastore.
-        revision = self.range(CLUSTER_INFORMATION, None, None).header.revision
+        revision = self.range(CLUSTER_INFORMATION, None, None)[0].header.revision
         collected = Collected(value_budget=min(ORPHAN_VALUE_BYTES, self._config.max_deletions * VALUE_BYTES_PER_HOST))
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
         gc.disable()
