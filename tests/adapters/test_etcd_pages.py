@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 from job.adapters.datastores import etcdv3
 from job.adapters.datastores.base import DatastoreError
-from job.adapters.datastores.etcdv3 import BLOCKS, READ_SWITCH_INTERVAL, EtcdV3Datastore, NamespaceStarts, Window
+from job.adapters.datastores.etcdv3 import (
+    BLOCKS,
+    READ_SWITCH_INTERVAL,
+    EtcdV3Datastore,
+    NamespaceStarts,
+    Window,
+    prefix_end,
+)
 from job.adapters.retry import RetryPolicy
 from job.config import Config, EtcdEndpoint
 from tests.support import calico
@@ -114,6 +121,22 @@ def test_a_first_page_is_bounded_by_keys_and_the_others_by_bytes(
     assert [key for page in pages for key in page] == sorted(keys)
     assert len(pages[0]) == 10, "the first page asked for --page-size keys"
     assert all(len(page) <= 25 for page in pages[1:]) and len(pages) >= 1 + 110 // 25
+
+
+def test_an_answers_size_is_what_protobuf_counts_for_it(etcd: EtcdServer) -> None:
+    """The pages are sized by each answer's length as it came (etcd_grpc._sized_range), which must
+    be what the message's ByteSize() would walk every key-value to count."""
+    calico.wipe(etcd.url)
+    calico.load(etcd.url, {f"{PREFIX.decode()}{n:04}": "v" * n for n in range(300)})
+    store = EtcdV3Datastore(
+        Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),)), RetryPolicy()
+    )
+    try:
+        for limit in (1, 7, 300):
+            answer, size = store.range(PREFIX, prefix_end(PREFIX.decode()), None, limit)
+            assert len(answer.kvs) == limit and size == answer.ByteSize() > 0
+    finally:
+        store.close()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
