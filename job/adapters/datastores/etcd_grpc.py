@@ -127,8 +127,8 @@ def _sized_range(raw: bytes) -> tuple[Any, int]:
 
 
 class _KvStub:
-    """etcd's KV service on one channel, as the etcd3 package's generated stub calls it, but
-    with Range answering (RangeResponse, bytes) (_sized_range)."""
+    """etcd's KV service on one channel, called as the etcd3 package's generated stub calls it,
+    but with Range answering the RangeResponse and its size in bytes (_sized_range)."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.Range = channel.unary_unary(
