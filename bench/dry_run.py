@@ -223,6 +223,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--extra-endpoints", type=int, default=10000, help="then measure with this many more")
     parser.add_argument("--shape", choices=SHAPES, default="together", help="how the fleet is laid out (generate.py)")
+    parser.add_argument(
+        "--namespaces",
+        type=int,
+        help="the workload endpoints' namespaces, instead of the shape's (7, 10, 100); 100 or more have skewed sizes",
+    )
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     parser.add_argument(
         "--job-tree-args",
@@ -243,10 +248,13 @@ def main() -> int:
     live = [index for index in range(options.hosts) if index not in gone]
     with cluster("calico-gc-bench-", live) as (etcd, workdir, env):
         started = time.perf_counter()
-        generated = datastore(options.hosts, options.orphans, options.pods_per_host, shape=options.shape)
+        generated = datastore(
+            options.hosts, options.orphans, options.pods_per_host, shape=options.shape, namespaces=options.namespaces
+        )
         keys = load(etcd.url, (kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))))
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
+            f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
             f"{', no namespace profiles' if options.no_profiles else ''}, "
             f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
@@ -340,7 +348,13 @@ def main() -> int:
             load(
                 etcd.url,
                 datastore(
-                    options.hosts, options.orphans, options.pods_per_host, False, options.extra_endpoints, options.shape
+                    options.hosts,
+                    options.orphans,
+                    options.pods_per_host,
+                    False,
+                    options.extra_endpoints,
+                    options.shape,
+                    options.namespaces,
                 ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]

@@ -210,12 +210,14 @@ def datastore(
     borrow: bool = False,
     extra_endpoints: int = 0,
     shape: str = "together",
+    namespaces: int | None = None,
 ) -> Iterator[tuple[str, str]]:
     """Every key; `orphan_indexes` are the hosts whose Kubernetes Node is gone (`shape`). `borrow`
     (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
     block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
-    hosts."""
+    hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes)."""
     live = hosts - orphans
+    namespaces = namespaces or NAMESPACES[shape]
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
     gone = orphan_indexes(hosts, orphans, shape)
     yield (
@@ -230,7 +232,7 @@ def datastore(
         ),
     )
     # The Profile kube-controllers keeps for each namespace (etcd mode), as it writes it.
-    for team in (f"team-{n}" for n in range(NAMESPACES[shape])):  # every name `namespace` gives
+    for team in (f"team-{n}" for n in range(namespaces)):  # every name `namespace` gives
         yield (
             f"{R}profiles/kns.{team}",
             _dump(
@@ -254,7 +256,7 @@ def datastore(
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
-        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", NAMESPACES[shape])
+        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces)
         # Another tool's encoder: spaces after the separators (Python's default).
         yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)
 
