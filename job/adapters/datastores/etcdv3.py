@@ -232,30 +232,43 @@ def _next_span(span: int, keys: int, target: int) -> int:
 Bounds = Sequence[bytes] | Callable[[], Sequence[bytes]]  # a scan's page-window bounds (scan)
 
 
-class NamespaceStarts:
-    """Where each namespace's workload endpoints start, as far as the read knows: the namespace
-    profiles' (kube-controllers keeps one per namespace in etcd mode), and the namespaces the
-    IPAM blocks' pod allocations name, learnt as the blocks are filed beside the endpoints, for a
-    cluster without the profiles. The endpoints' pages stop at them (scan's `bounds`; small
-    namespaces side by side share a range, or 10,000 namespaces took 10,064 ranges): across a
-    hundred namespaces of any size, windows that did not made etcd count 6.8 times the keys it
-    returned; 3.85 times with the profiles' starts, 4.25 with the blocks' alone (the first pages go
-    out before a block is filed; docs/development.md). Called for the starts known so far; a scan
-    on another thread gets a tuple that is replaced whole, never changed."""
+class KnownKeys:
+    """Keys the read knows lie under a prefix before it reads them (`prefix` + name + `suffix`):
+    scan's `bounds` for that prefix. Called for those known so far; a scan on another thread gets
+    a tuple that is replaced whole, never changed. `awaited`: the prefix is read (_items) only once
+    `complete` is set, as a first page without bounds makes etcd count the whole prefix."""
 
-    def __init__(self, names: Iterable[str] = ()) -> None:
+    def __init__(self, prefix: str, suffix: str = "", names: Iterable[str] = (), awaited: bool = False) -> None:
+        self._prefix, self._suffix = prefix, suffix
         self._names: set[str] = set()
-        self._starts: tuple[bytes, ...] = ()
+        self._keys: tuple[bytes, ...] = ()
+        self.complete = threading.Event()
+        if not awaited:
+            self.complete.set()
         self.learn(names)
 
     def __call__(self) -> Sequence[bytes]:
-        return self._starts
+        return self._keys
 
     def learn(self, names: Iterable[str]) -> None:
         new = {name for name in names if name and "/" not in name} - self._names
         if new:
             self._names |= new
-            self._starts = tuple(sorted(_bytes(f"{WORKLOAD_ENDPOINTS}{name}/") for name in self._names))
+            self._keys = tuple(sorted(_bytes(f"{self._prefix}{name}{self._suffix}") for name in self._names))
+
+
+class NamespaceStarts(KnownKeys):
+    """Where each namespace's workload endpoints start, as far as the read knows: the namespace
+    profiles' (kube-controllers keeps one per namespace in etcd mode), and the namespaces the
+    IPAM blocks' pod allocations name, learnt as the blocks are filed beside the endpoints, for a
+    cluster without the profiles. The endpoints' pages stop at them (small namespaces side by
+    side share a range, or 10,000 namespaces took 10,064 ranges): across a hundred namespaces of
+    any size, windows that did not made etcd count 6.8 times the keys it returned; 3.85 times with
+    the profiles' starts, 4.25 with the blocks' alone (the first pages go out before a block is
+    filed; docs/development.md)."""
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        super().__init__(WORKLOAD_ENDPOINTS, "/", names)
 
 
 def prefix_end(prefix: str) -> bytes:
@@ -804,10 +817,11 @@ class EtcdV3Datastore:
                 yield kvs, revision
             if end is None:
                 return
+            if kvs:  # the next page is sized by this one's bytes per key
+                limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
             if response.more and kvs:
                 last = kvs[-1].key
                 start = last + b"\0"
-                limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
                 window = Window.after(kvs[0].key, last, len(kvs), WINDOW_PAGES * limit)
             elif bound is None:
                 return
@@ -854,7 +868,11 @@ class EtcdV3Datastore:
         def scan_all(prefixes: tuple[str, ...]) -> None:
             try:
                 for prefix in prefixes:
-                    for kvs, _ in self.scan(prefix, revision, bounds=(bounds or {}).get(prefix, ())):
+                    known = (bounds or {}).get(prefix, ())
+                    while isinstance(known, KnownKeys) and not known.complete.wait(0.1):
+                        if stop.is_set():
+                            return
+                    for kvs, _ in self.scan(prefix, revision, bounds=known):
                         deliver((prefix, kvs))
                     deliver(prefix)  # after its last page: every key of it is filed
                 deliver(None)
@@ -908,13 +926,23 @@ class EtcdV3Datastore:
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
             starts = NamespaceStarts(self._namespace_profiles(revision))
+            # Handles the blocks name, a sample (BlockScan.handle_samples): the handles' pages stop
+            # at them, as their keys (random container ids, then tunnel handles by node) give
+            # windows no density to go by. The handles are read once the blocks are filed.
+            handle_keys = KnownKeys(HANDLES, awaited=True)
 
             def prefix_read(prefix: str) -> None:
-                if prefix == BLOCKS and collected.live is not None:
-                    scanning(collected).blocks_read()
+                if prefix != BLOCKS:
+                    return
+                if collected.live is not None:
+                    scan = scanning(collected)
+                    handle_keys.learn(scan.handle_samples)
+                    scan.blocks_read()
+                handle_keys.complete.set()
 
+            bounds: dict[str, Bounds] = {WORKLOAD_ENDPOINTS: starts, HANDLES: handle_keys}
             # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
-            with self._items(revision, IPAM_GROUPS, prefix_read, {WORKLOAD_ENDPOINTS: starts}) as items:
+            with self._items(revision, IPAM_GROUPS, prefix_read, bounds) as items:
                 identify(collected)  # while the names may still be on their way
                 names = None if kube_names is None else kube_names()
                 if names is not None:
