@@ -927,7 +927,7 @@ class EtcdV3Datastore:
                     collect_page(collected, prefix, kvs)
             starts = NamespaceStarts(self._namespace_profiles(revision))
             # Handles the blocks name, a sample (BlockScan.handle_samples): the handles' pages stop
-            # at them, as their keys (random container ids, then tunnel handles by node) give
+            # at them, as their keys (random container ids, tunnel handles by node) give
             # windows no density to go by. The handles are read once the blocks are filed.
             handle_keys = KnownKeys(HANDLES, awaited=True)
 
