@@ -130,7 +130,9 @@ class EtcdCpu:
 
 
 def parallel_read_seconds(config: Config) -> float:
-    """The same keys read the way the job reads them (prefixes side by side), parsing nothing."""
+    """The same keys read the way the job reads them (prefixes side by side), parsing nothing. The
+    handles' pages are bounded only by windows: the job's bounds for them are handle ids sampled
+    from the blocks it files (BlockScan.handle_samples), which a read that parses nothing has not."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     revision = store.range(PREFIXES[0], None, None)[0].header.revision
