@@ -230,6 +230,13 @@ def main() -> int:
         type=int,
         help="the workload endpoints' namespaces, instead of the shape's (7, 10, 100); 100 or more have skewed sizes",
     )
+    parser.add_argument(
+        "--container-ids",
+        choices=("counted", "hashed"),
+        default="counted",
+        help="pods' container ids (and so their IPAM handles' keys) counted up by host, or hashed as a container "
+        "runtime makes them, in no order of hosts",
+    )
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     parser.add_argument(
         "--job-tree-args",
@@ -251,13 +258,19 @@ def main() -> int:
     with cluster("calico-gc-bench-", live) as (etcd, workdir, env):
         started = time.perf_counter()
         generated = datastore(
-            options.hosts, options.orphans, options.pods_per_host, shape=options.shape, namespaces=options.namespaces
+            options.hosts,
+            options.orphans,
+            options.pods_per_host,
+            shape=options.shape,
+            namespaces=options.namespaces,
+            hashed=options.container_ids == "hashed",
         )
         keys = load(etcd.url, (kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))))
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
             f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
-            f"{', no namespace profiles' if options.no_profiles else ''}, "
+            f"{', no namespace profiles' if options.no_profiles else ''}"
+            f"{', hashed container ids' if options.container_ids == 'hashed' else ''}, "
             f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
@@ -357,6 +370,7 @@ def main() -> int:
                     options.extra_endpoints,
                     options.shape,
                     options.namespaces,
+                    options.container_ids == "hashed",
                 ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]

@@ -9,6 +9,7 @@ orphan has a pod whose IP is in a live host's block (as after churn), and live h
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import random
 from collections.abc import Iterator
@@ -70,13 +71,18 @@ BORROWER = 999  # the pod number of an orphan's pod whose IP it borrowed from a 
 BORROWED_ORDINAL = 63
 
 
-def _pod_handle(index: int, pod: int) -> str:
-    return f"k8s-pod-network.{index:06x}{pod:06x}cafe"
+def container_id(index: int, pod: int, hashed: bool = False) -> str:
+    """A pod's container id: counted up by host (a handle's key then sorts with its host's), or
+    `hashed` as a container runtime makes them (64 hexadecimal digits, in no order of hosts: the
+    handles' keys then say nothing of where a host's lie)."""
+    if hashed:
+        return hashlib.sha256(f"{index}/{pod}".encode()).hexdigest()
+    return f"{index:06x}{pod:06x}cafe"
 
 
-def _pod_attribute(index: int, pod: int, namespaces: int = NAMESPACES["together"]) -> dict[str, object]:
+def _pod_attribute(index: int, pod: int, namespaces: int, hashed: bool) -> dict[str, object]:
     return {
-        "handle_id": _pod_handle(index, pod),
+        "handle_id": f"k8s-pod-network.{container_id(index, pod, hashed)}",
         "secondary": {
             "namespace": namespace(index, pod, namespaces),
             "node": host_name(index),
@@ -86,10 +92,10 @@ def _pod_attribute(index: int, pod: int, namespaces: int = NAMESPACES["together"
     }
 
 
-def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int) -> Iterator[tuple[str, str]]:
+def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int, hashed: bool) -> Iterator[tuple[str, str]]:
     """A pod's handle and workload endpoint (its allocation is in the block's value)."""
-    name, container, team = host_name(index), f"{index:06x}{pod:06x}cafe", namespace(index, pod, namespaces)
-    yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod)}", _dump({"block": {cidr: 1}, "deleted": False})
+    name, container, team = host_name(index), container_id(index, pod, hashed), namespace(index, pod, namespaces)
+    yield f"/calico/ipam/v2/handle/k8s-pod-network.{container}", _dump({"block": {cidr: 1}, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
         f"{R}workloadendpoints/{team}/{wep}",
@@ -134,9 +140,11 @@ def host_keys(
     borrows_from: int | None = None,
     felix_reports: bool = True,
     namespaces: int = NAMESPACES["together"],
+    hashed: bool = False,
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
-    `borrows_from`: the live host whose block holds this orphan's borrower pod's IP."""
+    `borrows_from`: the live host whose block holds this orphan's borrower pod's IP; `hashed`:
+    container ids as a runtime makes them (container_id)."""
     name = host_name(index)
     cidr, prefix = _block(index)
     tunnel = f"{prefix}1"
@@ -167,15 +175,15 @@ def host_keys(
     yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
     for pod in range(pods):
         ordinal = pod + 2
-        attributes.append(_pod_attribute(index, pod, namespaces))
+        attributes.append(_pod_attribute(index, pod, namespaces, hashed))
         allocations[ordinal] = len(attributes) - 1
-        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr, namespaces)
+        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr, namespaces, hashed)
     if lends_to is not None:
-        attributes.append(_pod_attribute(lends_to, BORROWER, namespaces))
+        attributes.append(_pod_attribute(lends_to, BORROWER, namespaces, hashed))
         allocations[BORROWED_ORDINAL] = len(attributes) - 1
     if borrows_from is not None:
         lender_cidr, lender_prefix = _block(borrows_from)
-        yield from _pod_keys(index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr, namespaces)
+        yield from _pod_keys(index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr, namespaces, hashed)
     used = {o for o, v in enumerate(allocations) if v is not None}
     yield (
         f"/calico/ipam/v2/assignment/ipv4/block/{cidr.replace('/', '-')}",
@@ -211,11 +219,13 @@ def datastore(
     extra_endpoints: int = 0,
     shape: str = "together",
     namespaces: int | None = None,
+    hashed: bool = False,
 ) -> Iterator[tuple[str, str]]:
     """Every key; `orphan_indexes` are the hosts whose Kubernetes Node is gone (`shape`). `borrow`
     (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
     block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
-    hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes)."""
+    hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes). `hashed`:
+    container ids as a runtime makes them (container_id)."""
     live = hosts - orphans
     namespaces = namespaces or NAMESPACES[shape]
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
@@ -256,7 +266,7 @@ def datastore(
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
-        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces)
+        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces, hashed)
         # Another tool's encoder: spaces after the separators (Python's default).
         yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)
 
