@@ -15,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from job.labels import SelectorError, parse_selector
+
 DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
 CALICO_API_GROUPS = ("crd.projectcalico.org/v1", "projectcalico.org/v3")
 MAX_IP_COOLDOWN_S = 1200  # IPAMConfig's ipCooldownSeconds: 0 to 1200 (its CRD)
@@ -351,7 +353,9 @@ OPTIONS: tuple[Option, ...] = (
         "--calico-node-selector",
         "CALICO_GC_CALICO_NODE_SELECTOR",
         "k8s-app=calico-node",
-        "Label selector of the calico-node pods.",
+        "Label selector of the calico-node pods, in the API server's syntax (k8s-app=calico-node, "
+        "'k8s-app in (calico-node,calico-node-windows)', !legacy); one the server would refuse stops the run "
+        "at start.",
         metavar="SELECTOR",
     ),
     Option(
@@ -599,6 +603,15 @@ def _pushgateway(text: str | None) -> str | None:
     return text.rstrip("/")
 
 
+def _selector(text: str) -> str:
+    """A label selector the API server will take (job.labels), as given."""
+    try:
+        parse_selector(text)
+    except SelectorError as error:
+        raise ConfigError(f"--calico-node-selector {text!r}: {error}") from None
+    return text
+
+
 def _path(text: str | None) -> Path | None:
     return Path(text) if text else None
 
@@ -724,7 +737,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         network_unavailable_threshold=duration("network_unavailable_threshold"),
         restart_threshold=_int("--restart-threshold", text("restart_threshold"), 1),
         calico_node_namespaces=tuple(n.strip() for n in text("calico_node_namespaces").split(",") if n.strip()),
-        calico_node_selector=text("calico_node_selector"),
+        calico_node_selector=_selector(text("calico_node_selector")),
         log_tail_lines=_int("--log-tail-lines", text("log_tail_lines"), 1),
         fail_on=text("fail_on"),
         pushgateway=_pushgateway(optional("pushgateway")),

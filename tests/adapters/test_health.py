@@ -212,6 +212,27 @@ def test_api_server_timeout_at_start_up_is_its_own_cause(harness: Harness) -> No
     assert finding["cause"] == "apiserver_unreachable" and "Client.Timeout" in finding["evidence"][0]
 
 
+@pytest.mark.parametrize(
+    ("selector", "found"),
+    [("k8s-app in (calico-node, calico-node-windows)", False), ("k8s-app notin (kube-dns)", True), ("!legacy", False)],
+)
+def test_a_set_based_calico_node_selector_reads_only_the_pods_it_selects(
+    harness: Harness, selector: str, found: bool
+) -> None:
+    """The selector is the operator's; the server applies it whole (set-based terms too)."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    # NEW_NODE's pod crash-loops, labelled as an old DaemonSet's: the selector may leave it out.
+    name = crash_looping(harness.kubeapi, s.NEW_NODE, API_TIMEOUT.format(node=s.NEW_NODE), restarts=12)
+    stale = harness.kubeapi.get(PODS, name)
+    assert stale is not None
+    stale["metadata"]["labels"] = {"k8s-app": "calico-node-old", "legacy": "true"}
+    health = harness.run(harness.config(calico_node_selector=selector))[0]["health"]
+    assert [f["pod"] for f in health["calico_node"]] == ([name] if found else [])
+    assert health["nodes_without_calico_node"] == ([] if found else [s.NEW_NODE])
+
+
 def test_nodes_without_a_calico_node_pod_are_a_finding(harness: Harness) -> None:
     scenario = s.kops_cluster()
     harness.seed(scenario)

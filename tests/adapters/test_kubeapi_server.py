@@ -77,6 +77,64 @@ def test_lists_validate_their_options_and_select_pods_by_field(kubeapi: KubeApiS
     assert off_node == []
 
 
+# Label selectors as apimachinery's labels.Parse and Requirement.Matches take them.
+LABELLED = {
+    "p1": {"x": "y"},
+    "p2": {"x": "z", "z": "a"},
+    "p3": {"y": ""},
+    "p4": {"z": "2"},
+    "p5": {"z": "v2"},
+    "p6": {},
+    "p7": {"notin": "in"},
+}
+
+
+@pytest.mark.parametrize(
+    ("selector", "names"),
+    [
+        ("", "p1 p2 p3 p4 p5 p6 p7"),
+        ("x=y", "p1"),
+        ("x==y", "p1"),
+        ("x!=y", "p2 p3 p4 p5 p6 p7"),  # a label that is not there is not equal
+        ("x", "p1 p2"),
+        ("!x", "p3 p4 p5 p6 p7"),
+        ("x in (y, z)", "p1 p2"),
+        ("x notin (y)", "p2 p3 p4 p5 p6 p7"),
+        ("z>1", "p4"),  # only a whole number compares: v2 does not
+        ("z<3,x", ""),
+        ("x notin (),y", "p3"),
+        ("y in ()", "p3"),  # () is the empty value
+        ("notin=in", "p7"),  # in and notin are values after an operator
+        ("x,y in (a)", ""),
+    ],
+)
+def test_label_selectors_select_as_the_real_server(kubeapi: KubeApiServer, selector: str, names: str) -> None:
+    for name, labels in LABELLED.items():
+        kubeapi.put("/api/v1/namespaces/ns/pods", {"metadata": {"name": name, "namespace": "ns", "labels": labels}})
+    page = call(kubeapi, "GET", "/api/v1/namespaces/ns/pods", labelSelector=selector)
+    assert page.status_code == 200, page.text
+    assert [item["metadata"]["name"] for item in page.json()["items"]] == names.split()
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("x===", "unable to parse requirement: found '=', expected: identifier"),
+        ("x in (a", "unable to parse requirement: found '', expected: ',' or ')'"),
+        ("!x=a", "found '=', expected: ',' or 'end of string'"),
+        ("x y", "unable to parse requirement: found 'y', expected: in, notin, =, ==, !=, gt, lt"),
+        ("x<a", "for 'Gt', 'Lt' operators, the value must be an integer"),
+        ("Bad_/x", 'Invalid value: "Bad_/x": prefix part a lowercase RFC 1123 subdomain'),
+    ],
+)
+def test_a_malformed_label_selector_is_a_400_in_the_servers_words(
+    kubeapi: KubeApiServer, selector: str, message: str
+) -> None:
+    answer = call(kubeapi, "GET", "/api/v1/pods", labelSelector=selector)
+    assert answer.status_code == 400 and answer.json()["reason"] == "BadRequest"
+    assert message in answer.json()["message"]
+
+
 # With Calico's CRDs (../shared/calico-crds): writes are admitted as the real server admits them.
 needs_crds = pytest.mark.skipif(not crds.available(), reason="Calico's CRDs are not beside the checkout (../shared)")
 CRD = "/apis/crd.projectcalico.org/v1"

@@ -7,8 +7,9 @@ AlreadyExists. Every object written gets what the real server assigns: `uid`,
 `creationTimestamp`, `resourceVersion`, `generation` (raised when its spec changes) and a
 `managedFields` entry of its writer, listing each field it set. Lists validate their options as
 the real server does (`resourceVersionMatch` needs `resourceVersion`, neither goes with
-`continue`) and pods take the real field selectors. Faults (any status, e.g. 429/5xx/403) and
-hooks are injected per method and path.
+`continue`), label selectors are read and matched as the real server reads them (job.labels; a
+malformed one is its 400) and pods take the real field selectors. Faults (any status, e.g.
+429/5xx/403) and hooks are injected per method and path.
 
 The answer's format is negotiated from `Accept` as the real server does: the core group's kinds
 in protobuf (`application/vnd.kubernetes.protobuf`, errors too) when it is the first type asked
@@ -31,7 +32,7 @@ import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from job.labels import Requirement, parse_selector, whole_number
 from tests.support import crds, k8s_protobuf, k8s_table, objects
 
 REASONS = {
@@ -589,15 +591,15 @@ class KubeApiServer:
             return 400, status_body(400, "resourceVersionMatch is forbidden unless resourceVersion is provided")
         if token and (match or version not in (None, "", "0")):
             return 400, status_body(400, "specifying resource version is not allowed when using continue")
-        wanted = dict(pair.split("=", 1) for pair in query.get("labelSelector", "").split(",") if "=" in pair)
         try:
+            wanted = parse_selector(query.get("labelSelector", ""))
             fields = _field_selector(query.get("fieldSelector", ""), plural)
-        except ValueError as error:
+        except ValueError as error:  # SelectorError too: the server's 400, in its words
             return 400, status_body(400, str(error))
 
         def selected(obj: dict[str, Any]) -> bool:
             labels = obj["metadata"].get("labels") or {}
-            return all(labels.get(k) == v for k, v in wanted.items()) and all(
+            return all(_meets(r, labels) for r in wanted) and all(
                 (POD_FIELDS[f](obj) == v) == equal for f, equal, v in fields
             )
 
@@ -703,6 +705,26 @@ def negotiate(accept: str, path: str, protobuf: bool = True, tables: bool = True
         if media:
             return media
     return None
+
+
+def _meets(requirement: Requirement, labels: Mapping[str, str]) -> bool:
+    """A label selector's requirement as the real server matches it (apimachinery's
+    Requirement.Matches): `notin` and `!=` hold where the label is absent, `gt` and `lt` only
+    where it is there and a whole number."""
+    value = labels.get(requirement.key)
+    operator = requirement.operator
+    if operator in ("exists", "!"):
+        return (value is not None) == (operator == "exists")
+    if operator in ("notin", "!="):
+        return value not in requirement.values
+    if value is None:
+        return False
+    if operator in ("gt", "lt"):
+        number, (bound,) = whole_number(value), requirement.values
+        if number is None:
+            return False
+        return number > int(bound) if operator == "gt" else number < int(bound)
+    return value in requirement.values  # in, =, ==
 
 
 def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:

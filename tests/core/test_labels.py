@@ -1,0 +1,80 @@
+"""Label selectors as text, parsed as the API server parses a list's `labelSelector`: what it
+takes and what it refuses, from the cases of apimachinery's own selector tests (labels.Parse)."""
+
+from __future__ import annotations
+
+import pytest
+
+from job.config import ConfigError, load
+from job.labels import Requirement, SelectorError, parse_selector
+
+TAKEN = [
+    "",
+    "x=a,y=b,z=c",
+    "x!=a,y=b",
+    "x=",
+    "x= ",
+    "x=,z= ",
+    "!x",
+    "x>1,z<5",
+    "\rx",
+    "this-is-a-dns.domain.com/key-with-dash in (so,what)",
+    "0.1.2.domain/99 notin (10.10.100.1, tick.tack.clock)",
+    "foo  in\t (abc)",
+    "x notin\n (abc)",
+    "x in (abc,)",
+    "x in ()",
+    "x notin (abc,def),bar,z in (),w",
+    "notin=in",
+    "x in (in,notin)",
+    "k8s-app in (calico-node, calico-node-windows)",
+]
+REFUSED = [
+    "x=a||y=b",  # `a||y` is one word, and no label value
+    "x==a==b",
+    "!x=a",  # `!key` takes no operator
+    "x<a",
+    "x>9223372036854775808",  # past Go's int64
+    "===",
+    "x in",
+    "x in a",
+    "x in (a b)",
+    "x in (a,b,,c",
+    "x,",
+    ",x",
+    "x y",
+    "a/b/c",
+    "/x",
+    "x/" + "a" * 64,
+    "x=-a",
+    "(x)",
+]
+
+
+@pytest.mark.parametrize("text", TAKEN)
+def test_what_the_server_takes_is_taken(text: str) -> None:
+    parse_selector(text)
+
+
+@pytest.mark.parametrize("text", REFUSED)
+def test_what_the_server_refuses_is_refused(text: str) -> None:
+    with pytest.raises(SelectorError):
+        parse_selector(text)
+
+
+def test_requirements_are_read_whole() -> None:
+    assert parse_selector("x notin (abc,def),bar,z in (),!w,y>2") == (
+        Requirement("x", "notin", frozenset({"abc", "def"})),
+        Requirement("bar", "exists"),
+        Requirement("z", "in", frozenset({""})),
+        Requirement("w", "!"),
+        Requirement("y", "gt", frozenset({"2"})),
+    )
+
+
+def test_a_selector_the_server_would_refuse_stops_the_run_at_start() -> None:
+    assert load(["--calico-node-selector", "k8s-app in (calico-node)"], {}).calico_node_selector == (
+        "k8s-app in (calico-node)"
+    )
+    with pytest.raises(ConfigError, match=r"^--calico-node-selector 'k8s-app in calico-node': .*expected: '\('$"):
+        load([], {"CALICO_GC_CALICO_NODE_SELECTOR": "k8s-app in calico-node"})
