@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from job.labels import SelectorError, parse_selector
+from job.kube_syntax import SelectorError, is_dns_label, is_dns_subdomain, parse_selector
 
 DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
 CALICO_API_GROUPS = ("crd.projectcalico.org/v1", "projectcalico.org/v3")
@@ -603,8 +603,28 @@ def _pushgateway(text: str | None) -> str | None:
     return text.rstrip("/")
 
 
+def _object_name(flag: str, text: str, room: int = 0) -> str:
+    """A ConfigMap's or a Lease's name (a DNS subdomain), with `room` characters left for what is
+    added to it: one the API server would refuse on every write stops the run at start."""
+    if not is_dns_subdomain(text, 253 - room):
+        raise ConfigError(
+            f"{flag}: {text!r} is not a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and "
+            f"ending with a letter or digit, at most {253 - room} characters"
+        )
+    return text
+
+
+def _namespace(text: str) -> str:
+    if not is_dns_label(text):
+        raise ConfigError(
+            f"--namespace (POD_NAMESPACE): {text!r} is not a namespace name: lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters"
+        )
+    return text
+
+
 def _selector(text: str) -> str:
-    """A label selector the API server will take (job.labels), as given."""
+    """A label selector the API server will take (job.kube_syntax), as given."""
     try:
         parse_selector(text)
     except SelectorError as error:
@@ -711,14 +731,15 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         unreferenced=text("unreferenced"),
         exclude=exclude,
         state_file=_path(optional("state_file")),
-        state_configmap=text("state_configmap"),
+        state_configmap=_object_name("--state-configmap", text("state_configmap")),
         report_file=_path(optional("report_file")),
         keep_reports=_at_most("--keep-reports", _int("--keep-reports", text("keep_reports"), 0), MAX_KEPT_REPORTS),
-        report_configmaps=text("report_configmaps"),
+        # room for the `-<slot>-<part>` that job/adapters/keep.py adds (at most `-9-3`)
+        report_configmaps=_object_name("--report-configmaps", text("report_configmaps"), room=4),
         lock=text("lock"),
-        lock_name=text("lock_name"),
+        lock_name=_object_name("--lock-name", text("lock_name")),
         lease_duration=_at_least("--lease-duration", duration("lease_duration"), timedelta(seconds=3)),
-        namespace=text("namespace"),
+        namespace=_namespace(text("namespace")),
         kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
         datastore_type=datastore_type,
         datastore_type_given=args["datastore_type"] is not None or bool(environ.get("DATASTORE_TYPE")),

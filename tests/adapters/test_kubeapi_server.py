@@ -15,6 +15,8 @@ import requests
 from tests.support import cel, crds, objects
 from tests.support.kubeapi import KubeApiServer
 
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+
 
 def call(server: KubeApiServer, method: str, path: str, body: Any = None, **query: str) -> requests.Response:
     session = requests.Session()
@@ -133,6 +135,21 @@ def test_a_malformed_label_selector_is_a_400_in_the_servers_words(
     answer = call(kubeapi, "GET", "/api/v1/pods", labelSelector=selector)
     assert answer.status_code == 400 and answer.json()["reason"] == "BadRequest"
     assert message in answer.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("collection", "qualified"),
+    [("/api/v1/namespaces/ns/configmaps", "ConfigMap"), (LEASES, "Lease.coordination.k8s.io")],
+)
+def test_a_built_in_object_whose_name_is_no_dns_subdomain_is_a_422(
+    kubeapi: KubeApiServer, collection: str, qualified: str
+) -> None:
+    answer = call(kubeapi, "POST", collection, {"metadata": {"name": "Calico_GC"}})
+    assert answer.status_code == 422 and answer.json()["reason"] == "Invalid"
+    assert answer.json()["message"].startswith(
+        f'{qualified} "Calico_GC" is invalid: metadata.name: Invalid value: "Calico_GC": a lowercase RFC 1123 subdomain'
+    )
+    assert call(kubeapi, "POST", collection, {"metadata": {"name": "calico-gc"}}).status_code == 201
 
 
 # With Calico's CRDs (../shared/calico-crds): writes are admitted as the real server admits them.

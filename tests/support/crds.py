@@ -112,8 +112,10 @@ class Cause:
 
 
 class Invalid(Exception):
-    def __init__(self, crd: Crd, name: str, causes: list[Cause]) -> None:
-        self.crd, self.name, self.causes = crd, name, causes
+    """An object the server refuses (422), of `kind` in `group` ("" for the core group)."""
+
+    def __init__(self, kind: str, group: str, name: str, causes: list[Cause]) -> None:
+        self.kind, self.group, self.name, self.causes = kind, group, name, causes
         listed = "; ".join(c.text() for c in causes)  # never shown: `message` is
         super().__init__(listed)
 
@@ -121,13 +123,14 @@ class Invalid(Exception):
     def message(self) -> str:
         texts = [c.text() for c in self.causes]
         said = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
-        return f'{self.crd.kind}.{self.crd.group} "{self.name}" is invalid: {said}'
+        qualified = f"{self.kind}.{self.group}" if self.group else self.kind
+        return f'{qualified} "{self.name}" is invalid: {said}'
 
     def details(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "group": self.crd.group,
-            "kind": self.crd.kind,
+            **({"group": self.group} if self.group else {}),
+            "kind": self.kind,
             "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in self.causes],
         }
 
@@ -188,7 +191,7 @@ def admit(crd: Crd, obj: dict[str, Any], old: dict[str, Any] | None = None) -> d
     body = _default(crd.schema, body)
     head = {"apiVersion": stored.get("apiVersion") or crd.api_version, "kind": stored.get("kind") or crd.kind}
     admitted = {**head, "metadata": stored.get("metadata") or {}, **body}
-    causes = list(_metadata_causes(stored.get("metadata") or {}))
+    causes = list(name_causes(stored.get("metadata") or {}))
     causes += _validate(crd.schema, {**body, "metadata": stored.get("metadata") or {}}, "", top=True)
     if not _ruled(crd):
         pass  # no CEL validator: the server runs none, and says nothing of it
@@ -197,7 +200,7 @@ def admit(crd: Crd, obj: dict[str, Any], old: dict[str, Any] | None = None) -> d
     else:
         causes += [Cause(f.reason, f.path, f.message) for f in cel.failures(crd.schema, admitted, old)]
     if causes:
-        raise Invalid(crd, name, causes)
+        raise Invalid(crd.kind, crd.group, name, causes)
     return admitted
 
 
@@ -206,8 +209,9 @@ def _ruled(crd: Crd) -> bool:
     return cel.has_rules(crd.schema)
 
 
-def _metadata_causes(metadata: dict[str, Any]) -> Iterator[Cause]:
-    """A custom resource's name is a DNS subdomain (apiextensions: NameIsDNSSubdomain)."""
+def name_causes(metadata: dict[str, Any]) -> Iterator[Cause]:
+    """A name is a DNS subdomain: a custom resource's (apiextensions: NameIsDNSSubdomain), and
+    a ConfigMap's, a Lease's, an Event's (ValidateObjectMeta, NameIsDNSSubdomain)."""
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         return

@@ -7,7 +7,7 @@ AlreadyExists. Every object written gets what the real server assigns: `uid`,
 `creationTimestamp`, `resourceVersion`, `generation` (raised when its spec changes) and a
 `managedFields` entry of its writer, listing each field it set. Lists validate their options as
 the real server does (`resourceVersionMatch` needs `resourceVersion`, neither goes with
-`continue`), label selectors are read and matched as the real server reads them (job.labels; a
+`continue`), label selectors are read and matched as the real server reads them (job.kube_syntax; a
 malformed one is its 400) and pods take the real field selectors. Faults (any status, e.g.
 429/5xx/403) and hooks are injected per method and path.
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from job.labels import Requirement, parse_selector, whole_number
+from job.kube_syntax import Requirement, parse_selector, whole_number
 from tests.support import crds, k8s_protobuf, k8s_table, objects
 
 REASONS = {
@@ -438,6 +438,9 @@ class KubeApiServer:
             new_name = metadata.get("name")
             if not new_name:
                 return 400, status_body(400, "metadata.name or generateName is required")
+            if crd is None and (causes := list(crds.name_causes(metadata))):
+                group = collection.split("/")[2] if collection.startswith("/apis/") else ""
+                raise crds.Invalid(kind, group, new_name, causes)
             if new_name in items:
                 return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it

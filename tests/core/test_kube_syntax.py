@@ -1,12 +1,13 @@
-"""Label selectors as text, parsed as the API server parses a list's `labelSelector`: what it
-takes and what it refuses, from the cases of apimachinery's own selector tests (labels.Parse)."""
+"""Names and label selectors as the API server reads them: what it takes and what it refuses (the
+selectors' cases are those of apimachinery's own tests of labels.Parse), and the settings that
+carry them refused at start."""
 
 from __future__ import annotations
 
 import pytest
 
 from job.config import ConfigError, load
-from job.labels import Requirement, SelectorError, parse_selector
+from job.kube_syntax import Requirement, SelectorError, is_dns_label, is_dns_subdomain, parse_selector
 
 TAKEN = [
     "",
@@ -78,3 +79,25 @@ def test_a_selector_the_server_would_refuse_stops_the_run_at_start() -> None:
     )
     with pytest.raises(ConfigError, match=r"^--calico-node-selector 'k8s-app in calico-node': .*expected: '\('$"):
         load([], {"CALICO_GC_CALICO_NODE_SELECTOR": "k8s-app in calico-node"})
+
+
+def test_names_are_what_the_server_takes() -> None:
+    assert is_dns_subdomain("calico-gc.state-1") and is_dns_subdomain("a" * 253)
+    assert not any(map(is_dns_subdomain, ["Bad_Name", "-a", "a-", "a..b", "", "a" * 254]))
+    assert is_dns_label("calico-system") and is_dns_label("a" * 63)
+    assert not any(map(is_dns_label, ["kube.system", "Kube", "-a", "", "a" * 64]))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--namespace", "Kube_System", "is not a namespace name"),
+        ("--state-configmap", "Calico_GC", "is not a Kubernetes object name"),
+        ("--lock-name", "calico-gc.", "is not a Kubernetes object name"),
+        ("--report-configmaps", "a" * 250, "at most 249 characters"),  # `-9-3` is added to it
+    ],
+)
+def test_a_name_the_server_would_refuse_stops_the_run_at_start(flag: str, value: str, said: str) -> None:
+    assert load([flag, "a" * 249 if flag == "--report-configmaps" else "calico-gc"], {})
+    with pytest.raises(ConfigError, match=f"^{flag}.*{said}"):
+        load([flag, value], {})

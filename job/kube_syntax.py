@@ -1,9 +1,11 @@
-"""Kubernetes label selectors as text (`k8s-app=calico-node`, `tier in (a,b)`, `!legacy`), parsed
-as the API server parses a list's `labelSelector` (apimachinery's labels.Parse; docs/kubernetes-wire.md).
+"""What the API server takes as an object's name, and as a list's label selector (`k8s-app=calico-node`,
+`tier in (a,b)`, `!legacy`), read as it reads them (apimachinery's validation and labels.Parse;
+docs/kubernetes-wire.md).
 
-The job sends one of the operator's own (--calico-node-selector): a selector the server would
-refuse is refused when the job starts, with the server's reason, rather than found out as a
-health check skipped on a 400 at every run.
+The job sends names and a selector of the operator's own (--namespace, --state-configmap,
+--lock-name, --report-configmaps, --calico-node-selector): one the server would refuse is refused
+when the job starts, with the server's reason, rather than found out as a write refused or a
+health check skipped at every run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ _KEYWORDS = ("in", "notin")
 _NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _NAME_RULE = (
     "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
 )
@@ -168,6 +171,16 @@ class _Parser:
                 raise SelectorError(f"found '{self._look()[1]}', expected: ',' or ')'")
 
 
+def is_dns_subdomain(text: str, longest: int = 253) -> bool:
+    """A name most kinds take (a ConfigMap's, a Lease's): lowercase RFC 1123 labels joined by dots."""
+    return len(text) <= longest and _SUBDOMAIN.fullmatch(text) is not None
+
+
+def is_dns_label(text: str) -> bool:
+    """A namespace's name: one lowercase RFC 1123 label, at most 63 characters."""
+    return len(text) <= 63 and _LABEL.fullmatch(text) is not None
+
+
 def whole_number(text: str) -> int | None:
     """`text` as the server reads a number for `gt` and `lt` (Go's ParseInt: base 10, 64 bits)."""
     if _INTEGER.fullmatch(text) is None or not -(1 << 63) <= int(text) < 1 << 63:
@@ -188,7 +201,7 @@ def _check_key(key: str) -> None:
             problems.append("prefix part must be non-empty")
         elif slash and len(prefix) > 253:
             problems.append("prefix part must be no more than 253 characters")
-        elif slash and not _SUBDOMAIN.fullmatch(prefix):
+        elif slash and not is_dns_subdomain(prefix):
             problems.append(
                 "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
                 "'-' or '.', and must start and end with an alphanumeric character"
