@@ -105,6 +105,25 @@ def stop_on_signals(stopping: threading.Event) -> Iterator[None]:
             signal.signal(signum, action)
 
 
+def _drop_stdout() -> None:
+    """Standard output's reader is gone: what is still to be written, buffered or not, goes to
+    /dev/null, or Python would fail again flushing it at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """Output to a reader that may exit before it is written (`calico-gc --output json | head`):
+    said once on stderr. The run's outcome and exit code stand, and the report is still in
+    --report-file and the kept reports."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stdout()
+        print("calico-gc: warning: standard output closed before the report was written in full", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run once; the return value is the process exit code."""
     environ = os.environ if environ is None else environ
@@ -119,7 +138,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return ExitCode.USAGE
     logs.configure(config.log_level, config.log_format)
     if config.command.name.startswith("reports"):
-        return _reports(config)
+        with _reader_may_leave():
+            return _reports(config)
     try:
         deps = dependencies(config, environ)
     except KubeError as error:
@@ -140,17 +160,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except OSError as error:
             print(f"calico-gc: error: cannot write the report to {config.report_file}: {error}", file=sys.stderr)
             code = max(code, ExitCode.ERROR)
-        if config.output != "json":
-            sys.stdout.write(render(document))
-        elif written is None:
-            report.write(document, sys.stdout, befores)
-        else:  # the file's text: a dry run's before-values are fetched once, and both outputs agree
-            try:
-                with written.open() as text:
-                    shutil.copyfileobj(text, sys.stdout)
-            except OSError as error:
-                print(f"calico-gc: error: cannot copy the report from {written} to stdout: {error}", file=sys.stderr)
-                code = max(code, ExitCode.ERROR)
+        with _reader_may_leave():
+            if config.output != "json":
+                sys.stdout.write(render(document))
+            elif written is None:
+                report.write(document, sys.stdout, befores)
+            else:  # the file's text: a dry run's before-values are fetched once, and both outputs agree
+                try:
+                    with written.open() as text:
+                        shutil.copyfileobj(text, sys.stdout)
+                except BrokenPipeError:  # the reader's, not the file's: _reader_may_leave says it
+                    raise
+                except OSError as error:
+                    print(
+                        f"calico-gc: error: cannot copy the report from {written} to stdout: {error}", file=sys.stderr
+                    )
+                    code = max(code, ExitCode.ERROR)
     finally:
         deps.datastore.close()
     return code
@@ -233,4 +258,11 @@ def console() -> None:
     gc.freeze()
     gc.enable()
     one_malloc_arena()  # before any thread starts
-    sys.exit(main())
+    if sys.stdout is None:  # started with standard output closed: the report goes to the file only
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the process's own, open to its end)
+    try:
+        code = main()
+    except BrokenPipeError:  # --version, to a reader already gone: nothing else to say
+        _drop_stdout()
+        code = ExitCode.OK
+    sys.exit(code)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from datetime import timedelta
@@ -18,6 +21,7 @@ from job.config import OPTIONS, Config, ConfigError, load, parse_duration
 from job.flows import run as runner
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
+from tests.support.job_process import REPO
 
 
 def environment(harness: Harness, tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -65,6 +69,59 @@ def test_dry_run_by_default_report_on_stdout_and_in_a_file(
     # Every line on stderr is a JSON log event, so `kubectl logs ... | jq` reads the whole stream.
     log_lines = [json.loads(line) for line in out.err.splitlines()]
     assert {"run_started", "decision", "run_finished"} <= {line["event"] for line in log_lines}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--output", "json"],
+        ["--output", "json", "--report-file", "{tmp}/report.json"],
+        ["--output", "text", "--report-file", "{tmp}/report.json"],
+        ["reports"],
+        ["--version"],
+    ],
+)
+def test_a_reader_that_leaves_first_costs_the_run_nothing(harness: Harness, tmp_path: Path, args: list[str]) -> None:
+    """`calico-gc ... | head`, as a process: the pipe's reader is gone before anything is written.
+    The run's exit code and its report file stand; one line on stderr says what was not shown."""
+    harness.seed(s.kops_cluster())
+    argv = [arg.format(tmp=tmp_path) for arg in args]
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "job", *argv, "--grace-period=0s", f"--state-file={tmp_path / 'state.json'}"]
+            if argv[0].startswith("--output")
+            else [sys.executable, "-m", "job", *argv],
+            env={**os.environ, **environment(harness, tmp_path), "CALICO_GC_LOCK": "none"},
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    said = "standard output closed before the report was written in full" in done.stderr
+    assert said is (argv != ["--version"])
+    if "--report-file" in args:
+        validate_report(json.loads((tmp_path / "report.json").read_text()))
+
+
+def test_started_with_standard_output_closed_the_run_writes_its_file(harness: Harness, tmp_path: Path) -> None:
+    harness.seed(s.kops_cluster())
+    job = [sys.executable, "-m", "job", "--grace-period=0s", f"--report-file={tmp_path / 'report.json'}"]
+    done = subprocess.run(
+        ["bash", "-c", 'exec "$@" >&-', "bash", *job],  # the shell closes fd 1, then runs the job
+        env={**os.environ, **environment(harness, tmp_path), "CALICO_GC_LOCK": "none"},
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    validate_report(json.loads((tmp_path / "report.json").read_text()))
 
 
 def test_people_get_a_readable_summary_by_default(
