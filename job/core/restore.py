@@ -84,7 +84,9 @@ class HostRestore:
 
 
 def removed_hosts(report: Mapping[str, Any], only: Iterable[str] = ()) -> tuple[RemovedHost, ...]:
-    """The hosts of a run report whose data the run removed (all of them, or those in `only`)."""
+    """The hosts of a run report whose data the run removed (all of them, or those in `only`).
+    A report is read as its schema says (job/report.schema.json) in every field a restore uses: a
+    file edited by hand or cut short is refused whole, never half-restored."""
     wanted = set(only)
     hosts = report.get("hosts")
     if not isinstance(hosts, list):
@@ -95,19 +97,43 @@ def removed_hosts(report: Mapping[str, Any], only: Iterable[str] = ()) -> tuple[
             continue
         if entry.get("action") not in RESTORABLE_ACTIONS or not entry.get("changes"):
             continue
-        try:
-            changes = tuple(
-                Change(str(c["key"]), str(c["op"]), c.get("before"), c.get("after"), int(c.get("step", 0)))
-                for c in entry["changes"]
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ReportShapeError(f"host {entry.get('name')!r}: a change lacks {error}") from None
-        name, link = str(entry["name"]), entry.get("k8s_node")
-        removed.append(RemovedHost(name, link, entry.get("ipv4"), entry.get("ipv6"), changes))
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ReportShapeError(f"a removed host's name is {name!r}, not a name")
+        for field in ("k8s_node", "ipv4", "ipv6"):
+            if not isinstance(entry.get(field), str | None):
+                raise ReportShapeError(f"host {name!r}: {field} is {entry[field]!r}, not a string or null")
+        if not isinstance(entry["changes"], list):
+            raise ReportShapeError(f"host {name!r}: changes is {_kind(entry['changes'])}, not a list")
+        changes = tuple(_change(name, change) for change in entry["changes"])
+        removed.append(RemovedHost(name, entry.get("k8s_node"), entry.get("ipv4"), entry.get("ipv6"), changes))
     missing = wanted - {host.name for host in removed}
     if missing:
         raise ReportShapeError(f"the report removed nothing of {', '.join(sorted(missing))}")
     return tuple(removed)
+
+
+def _change(host: str, change: Any) -> Change:
+    """One recorded write, its types as the report schema gives them (a report without steps, as
+    older versions wrote, is one step)."""
+    if not isinstance(change, dict):
+        raise ReportShapeError(f"host {host!r}: a change is {_kind(change)}, not an object")
+    key, op, before, after, step = (change.get(f) for f in ("key", "op", "before", "after", "step"))
+    if not isinstance(key, str) or not key:
+        raise ReportShapeError(f"host {host!r}: a change's key is {key!r}, not a key")
+    if op not in ("delete", "update"):
+        problem = f"op is {op!r}, not delete or update"
+    elif not isinstance(before, str | None) or not isinstance(after, str | None):
+        problem = f"before is {_kind(before)} and after {_kind(after)}: each a value or null"
+    elif step is not None and (type(step) is not int or step < 0):
+        problem = f"step is {step!r}, not a whole number"
+    else:
+        return Change(key, str(op), before, after, step or 0)
+    raise ReportShapeError(f"host {host!r}: the change of {key}: {problem}")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
 
 
 def _parse(text: str | None) -> Any:

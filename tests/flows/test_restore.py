@@ -179,6 +179,33 @@ def test_a_dry_run_report_or_another_datastore_type_is_refused(harness: Harness)
     assert code == 2 and "not a calico-gc run report" in document["errors"][0]["message"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("before", 1.5, "before is a float and after null: each a value or null"),
+        ("before", {"spec": {}}, "before is a dict"),
+        ("op", "create", "op is 'create', not delete or update"),
+        ("step", -1, "step is -1, not a whole number"),
+        ("step", True, "step is True, not a whole number"),
+        ("key", None, "a change's key is None, not a key"),
+    ],
+)
+def test_a_report_whose_changes_are_not_as_written_is_refused_whole(
+    harness: Harness, field: str, value: Any, said: str
+) -> None:
+    """A report edited by hand or by another tool: refused with the change it names, exit 2,
+    and nothing written (before, a `before` that was not text ended the restore in a traceback)."""
+    _, report = collected(harness)
+    after_run = values(harness)
+    tampered = json.loads(json.dumps(report))
+    host = next(h for h in tampered["hosts"] if h["changes"])
+    host["changes"][-1][field] = value
+    document, code = harness.restore(harness.config(apply=True), source=tampered)
+    assert code == 2 and said in document["errors"][0]["message"]
+    assert document["errors"][0]["message"].startswith(f"host {host['name']!r}")
+    assert values(harness) == after_run
+
+
 def test_restore_writes_only_when_its_own_command_line_says_apply() -> None:
     environ = {"CALICO_GC_APPLY": "true"}
     assert load(["restore", "abc123"], environ).apply is False
