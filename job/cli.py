@@ -229,10 +229,20 @@ def _reports(config: Config) -> int:
         return ExitCode.USAGE if error.kind == "config" else ExitCode.ERROR
     if config.output == "json":
         report.write(document, sys.stdout)
-    elif str(document.get("schema", "")).startswith("calico-gc/restore"):
-        sys.stdout.write(render_restore(document))
-    else:
-        sys.stdout.write(report.render_text(document))
+        return ExitCode.OK
+    render = render_restore if str(document.get("schema", "")).startswith("calico-gc/restore") else report.render_text
+    try:
+        text = render(document)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as error:
+        # Another run's document, maybe another version's or edited: its summary cannot be
+        # printed, but the report is there, as kept.
+        print(
+            f"calico-gc: error: the kept report of run {config.command.run_id} is not one this version can summarise "
+            f"({type(error).__name__}: {error}); --output json shows it as kept",
+            file=sys.stderr,
+        )
+        return ExitCode.ERROR
+    sys.stdout.write(text)
     return ExitCode.OK
 
 

@@ -173,3 +173,19 @@ def test_list_show_and_restore_from_the_command_line(
     assert kinds == ["calico-gc/restore/v1", "calico-gc/report/v1"]
     assert main(["restore"], env) == 2
     assert "give a RUN_ID" in capsys.readouterr().err
+
+
+def test_a_kept_report_this_version_cannot_summarise_is_said_in_one_line(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another version's kept report, or one edited: its summary is refused in one line (before,
+    a traceback), and `--output json` shows it whole, as kept."""
+    env = environment(harness, tmp_path, CALICO_GC_OUTPUT="text")
+    odd = {"schema": "calico-gc/report/v1", "run_id": "oddrun", "summary": {"deleted": "two"}, "hosts": [{"name": 5}]}
+    keeper(harness, slots=10).keep(odd)
+    assert main(["reports", "show", "oddrun"], env) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("calico-gc: error: the kept report of run oddrun is not one this version can summarise")
+    assert len(err.splitlines()) == 1
+    assert main(["reports", "show", "oddrun", "--output", "json"], env) == 0
+    assert json.loads(capsys.readouterr().out)["hosts"] == [{"name": 5}]
