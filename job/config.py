@@ -614,11 +614,11 @@ def _object_name(flag: str, text: str, room: int = 0) -> str:
     return text
 
 
-def _namespace(text: str) -> str:
+def _namespace(flag: str, text: str) -> str:
     if not is_dns_label(text):
         raise ConfigError(
-            f"--namespace (POD_NAMESPACE): {text!r} is not a namespace name: lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit, at most 63 characters"
+            f"{flag}: {text!r} is not a namespace name: lowercase letters, digits and '-', starting and ending with "
+            "a letter or digit, at most 63 characters"
         )
     return text
 
@@ -739,7 +739,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         lock=text("lock"),
         lock_name=_object_name("--lock-name", text("lock_name")),
         lease_duration=_at_least("--lease-duration", duration("lease_duration"), timedelta(seconds=3)),
-        namespace=_namespace(text("namespace")),
+        namespace=_namespace("--namespace (POD_NAMESPACE)", text("namespace")),
         kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
         datastore_type=datastore_type,
         datastore_type_given=args["datastore_type"] is not None or bool(environ.get("DATASTORE_TYPE")),
@@ -757,7 +757,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         log_format=text("log_format"),
         network_unavailable_threshold=duration("network_unavailable_threshold"),
         restart_threshold=_int("--restart-threshold", text("restart_threshold"), 1),
-        calico_node_namespaces=tuple(n.strip() for n in text("calico_node_namespaces").split(",") if n.strip()),
+        calico_node_namespaces=tuple(
+            _namespace("--calico-node-namespaces", n.strip())
+            for n in text("calico_node_namespaces").split(",")
+            if n.strip()
+        ),
         calico_node_selector=_selector(text("calico_node_selector")),
         log_tail_lines=_int("--log-tail-lines", text("log_tail_lines"), 1),
         fail_on=text("fail_on"),

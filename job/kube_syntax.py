@@ -2,10 +2,10 @@
 `tier in (a,b)`, `!legacy`), read as it reads them (apimachinery's validation and labels.Parse;
 docs/kubernetes-wire.md).
 
-The job sends names and a selector of the operator's own (--namespace, --state-configmap,
---lock-name, --report-configmaps, --calico-node-selector): one the server would refuse is refused
-when the job starts, with the server's reason, rather than found out as a write refused or a
-health check skipped at every run.
+The job sends names and a selector of the operator's own (--namespace, --calico-node-namespaces,
+--state-configmap, --lock-name, --report-configmaps, --calico-node-selector): one the server
+would refuse is refused when the job starts, with the server's reason, rather than found out as a
+write refused or a health check skipped at every run.
 """
 
 from __future__ import annotations

@@ -92,12 +92,13 @@ def test_names_are_what_the_server_takes() -> None:
     ("flag", "value", "said"),
     [
         ("--namespace", "Kube_System", "is not a namespace name"),
+        ("--calico-node-namespaces", "kube-system,Calico_System", "'Calico_System' is not a namespace name"),
         ("--state-configmap", "Calico_GC", "is not a Kubernetes object name"),
         ("--lock-name", "calico-gc.", "is not a Kubernetes object name"),
         ("--report-configmaps", "a" * 250, "at most 249 characters"),  # `-9-3` is added to it
     ],
 )
 def test_a_name_the_server_would_refuse_stops_the_run_at_start(flag: str, value: str, said: str) -> None:
-    assert load([flag, "a" * 249 if flag == "--report-configmaps" else "calico-gc"], {})
+    assert load([flag, "a" * 249 if flag == "--report-configmaps" else "calico-gc"], {}), "the longest name taken"
     with pytest.raises(ConfigError, match=f"^{flag}.*{said}"):
         load([flag, value], {})
