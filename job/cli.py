@@ -105,12 +105,6 @@ def stop_on_signals(stopping: threading.Event) -> Iterator[None]:
             signal.signal(signum, action)
 
 
-def _drop_stdout() -> None:
-    """Standard output's reader is gone: what is still to be written, buffered or not, goes to
-    /dev/null, or Python would fail again flushing it at exit."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 @contextmanager
 def _reader_may_leave() -> Iterator[None]:
     """Output to a reader that may exit before it is written (`calico-gc --output json | head`):
@@ -120,8 +114,9 @@ def _reader_may_leave() -> Iterator[None]:
         yield
         sys.stdout.flush()
     except BrokenPipeError:
-        _drop_stdout()
-        print("calico-gc: warning: standard output closed before the report was written in full", file=sys.stderr)
+        # What is still buffered goes to /dev/null, or Python would fail again flushing it at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("calico-gc: warning: standard output closed before all of it was written", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -129,7 +124,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     argv = sys.argv[1:] if argv is None else argv
     if "--version" in argv:
-        print(__version__)
+        with _reader_may_leave():
+            print(__version__)
         return ExitCode.OK
     try:
         config = load(argv, environ)
@@ -138,8 +134,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return ExitCode.USAGE
     logs.configure(config.log_level, config.log_format)
     if config.command.name.startswith("reports"):
+        code: int = ExitCode.OK  # what a listing whose reader left ends with
         with _reader_may_leave():
-            return _reports(config)
+            code = _reports(config)
+        return code
     try:
         deps = dependencies(config, environ)
     except KubeError as error:
@@ -270,9 +268,4 @@ def console() -> None:
     one_malloc_arena()  # before any thread starts
     if sys.stdout is None:  # started with standard output closed: the report goes to the file only
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the process's own, open to its end)
-    try:
-        code = main()
-    except BrokenPipeError:  # --version, to a reader already gone: nothing else to say
-        _drop_stdout()
-        code = ExitCode.OK
-    sys.exit(code)
+    sys.exit(main())
