@@ -398,7 +398,7 @@ def plain_read(kubeconfig: Path) -> float:
     code = (
         "import sys, time; from pathlib import Path; from bench.kdd import PAGE; from job.config import Config;"
         "from job.adapters.kube import Kube, api_client; from job.adapters.retry import RetryPolicy;"
-        "kube = Kube(api_client(Config(kubeconfig=Path(sys.argv[1]))), RetryPolicy(), page_size=PAGE);"
+        "kube = Kube(api_client(Config(kubeconfig=(Path(sys.argv[1]),))), RetryPolicy(), page_size=PAGE);"
         "import json; started = time.perf_counter();"
         "[kube.list_all(path, lambda _: None, query) for path, query in json.loads(sys.argv[2])];"
         "print(time.perf_counter() - started)"

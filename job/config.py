@@ -253,7 +253,8 @@ OPTIONS: tuple[Option, ...] = (
         "--kubeconfig",
         "KUBECONFIG",
         None,
-        "kubeconfig to use outside a cluster (in a pod the in-cluster configuration is used).",
+        "kubeconfig to use outside a cluster; several, separated by ':', are merged as kubectl merges them (in a "
+        "pod the in-cluster configuration is used).",
         metavar="PATH",
     ),
     Option(
@@ -434,7 +435,7 @@ class Config:
     lock_name: str = "calico-gc"
     lease_duration: timedelta = timedelta(minutes=2)
     namespace: str = "kube-system"
-    kubeconfig: Path | None = None
+    kubeconfig: tuple[Path, ...] = ()  # merged as kubectl merges KUBECONFIG's files: the first to set a value wins
     datastore_type: str = "etcdv3"
     datastore_type_given: bool = False  # unset means etcdv3, but an empty v3 keyspace is then explained
     calico_api_group: str = ""  # Kubernetes datastore; empty: chosen as Calico chooses it
@@ -475,7 +476,7 @@ def effective(config: Config) -> dict[str, object]:
         elif isinstance(value, Command):
             value = value.name
         elif isinstance(value, tuple):
-            value = [endpoint.url if isinstance(endpoint, EtcdEndpoint) else endpoint for endpoint in value]
+            value = [item.url if isinstance(item, EtcdEndpoint) else str(item) for item in value]
         shown[name] = value
     return shown
 
@@ -740,7 +741,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         lock_name=_object_name("--lock-name", text("lock_name")),
         lease_duration=_at_least("--lease-duration", duration("lease_duration"), timedelta(seconds=3)),
         namespace=_namespace("--namespace (POD_NAMESPACE)", text("namespace")),
-        kubeconfig=Path(kubeconfig.split(os.pathsep)[0]) if kubeconfig else None,
+        kubeconfig=tuple(Path(part) for part in (kubeconfig or "").split(os.pathsep) if part),
         datastore_type=datastore_type,
         datastore_type_given=args["datastore_type"] is not None or bool(environ.get("DATASTORE_TYPE")),
         calico_api_group=text("calico_api_group"),

@@ -119,7 +119,7 @@ class Harness:
     def config(self, **overrides: Any) -> Config:
         base = Config(
             etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", self.etcd.client_port),),
-            kubeconfig=self.kubeapi.write_kubeconfig(self.tmp / "kubeconfig"),
+            kubeconfig=(self.kubeapi.write_kubeconfig(self.tmp / "kubeconfig"),),
             state_file=self.tmp / "state.json",
             lock="none",
             namespace="calico-gc",

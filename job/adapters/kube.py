@@ -340,13 +340,14 @@ def is_transient(error: BaseException) -> bool:
 
 
 def api_client(config: Config) -> k8s.ApiClient:
-    """In a pod, the in-cluster configuration; elsewhere --kubeconfig, KUBECONFIG or
-    ~/.kube/config, as kubectl looks. Any unusable configuration is one KubeError line."""
-    path = config.kubeconfig
-    if path is None and "KUBERNETES_SERVICE_HOST" not in os.environ:
+    """In a pod, the in-cluster configuration; elsewhere --kubeconfig, KUBECONFIG (its files
+    merged, as kubectl merges them) or ~/.kube/config, as kubectl looks. Any unusable
+    configuration is one KubeError line."""
+    paths = config.kubeconfig
+    if not paths and "KUBERNETES_SERVICE_HOST" not in os.environ:
         default = Path.home() / ".kube" / "config"
-        path = default if default.is_file() else None
-    if path is None:
+        paths = (default,) if default.is_file() else ()
+    if not paths:
         try:
             k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
         except ConfigException as error:
@@ -359,12 +360,13 @@ def api_client(config: Config) -> k8s.ApiClient:
     configuration = k8s.Configuration()
     try:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(path), client_configuration=configuration
+            config_file=os.pathsep.join(map(str, paths)), client_configuration=configuration
         )
     except Exception as error:  # YAML errors, wrong types, missing files: all the same to an operator
         first = " ".join(str(error).split())[:200] or type(error).__name__
+        named = os.pathsep.join(map(str, paths))
         raise KubeError(
-            f"kubeconfig {path} is not usable: {first}; check --kubeconfig or KUBECONFIG", kind="config"
+            f"kubeconfig {named} is not usable: {first}; check --kubeconfig or KUBECONFIG", kind="config"
         ) from error
     return k8s.ApiClient(configuration)
 

@@ -345,6 +345,19 @@ def test_the_effective_configuration_is_logged_once_at_start(
     assert "test-token" not in json.dumps(started), "no credential is logged"
 
 
+def test_kubeconfig_files_are_merged_as_kubectl_merges_them(harness: Harness, tmp_path: Path) -> None:
+    """KUBECONFIG=a:b (a file of one's own before the cluster's, as kubectx-style setups have):
+    the files are merged, the first to set a value winning; before, only the first was read."""
+    own = tmp_path / "own"
+    own.write_text("apiVersion: v1\nkind: Config\npreferences: {colors: true}\n")
+    cluster = harness.kubeapi.write_kubeconfig(tmp_path / "cluster")
+    config = load([], {"KUBECONFIG": f"{own}{os.pathsep}{cluster}{os.pathsep}"})
+    assert config.kubeconfig == (own, cluster)
+    assert api_client(config).configuration.host == harness.kubeapi.url
+    with pytest.raises(KubeError, match=f"kubeconfig {own} is not usable"):
+        api_client(load(["--kubeconfig", str(own)], {}))
+
+
 def test_outside_a_cluster_the_default_kubeconfig_is_used_as_kubectl_does(
     harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
