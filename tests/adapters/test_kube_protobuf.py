@@ -36,7 +36,7 @@ PODS = [
 
 def read(server: KubeApiServer, tmp: Path) -> tuple[Any, dict[tuple[str, str], PodInfo]]:
     """The Nodes and the pods, as a run reads them (pages of 2)."""
-    kube = Kube(api_client(Config(kubeconfig=server.write_kubeconfig(tmp / "kubeconfig"))), no_sleep_retry(), 2)
+    kube = Kube(api_client(Config(kubeconfig=(server.write_kubeconfig(tmp / "kubeconfig"),))), no_sleep_retry(), 2)
     pods: dict[tuple[str, str], PodInfo] = {}
     nodes = kube.list_nodes()
     kube.each_pod(pods.__setitem__)
@@ -202,7 +202,7 @@ def test_the_calico_node_pods_read_alike_in_protobuf_and_json(kubeapi: KubeApiSe
     kubeapi.add_calico_node_pod("n1")
     kubeapi.add_calico_node_pod("n2", ready=False, restarts=7, waiting="CrashLoopBackOff", log="bird: exited\n")
     kubeapi.add_calico_node_pod("n3", ready=False, waiting="ContainerCreating")
-    config = Config(kubeconfig=kubeapi.write_kubeconfig(tmp_path / "kubeconfig"))
+    config = Config(kubeconfig=(kubeapi.write_kubeconfig(tmp_path / "kubeconfig"),))
     kube = Kube(api_client(config), no_sleep_retry(), 2)
     kubeapi.take_encoded_bytes()
     from_protobuf = read_health(kube, config).pods

@@ -65,7 +65,7 @@ def table_page(server: KubeApiServer, query: str = "includeObject=None", accept:
 
 def each_pod(server: KubeApiServer, tmp: Path, one_ip_each: bool) -> dict[tuple[str, str], PodInfo]:
     """The pods as a run lists them (pages of 2)."""
-    kube = Kube(api_client(Config(kubeconfig=server.write_kubeconfig(tmp / "kubeconfig"))), no_sleep_retry(), 2)
+    kube = Kube(api_client(Config(kubeconfig=(server.write_kubeconfig(tmp / "kubeconfig"),))), no_sleep_retry(), 2)
     pods: dict[tuple[str, str], PodInfo] = {}
     kube.each_pod(pods.__setitem__, one_ip_each)
     return pods
@@ -136,7 +136,7 @@ def test_a_row_reads_as_its_pod_but_for_the_namespace(kubeapi: KubeApiServer, tm
     whole = each_pod(kubeapi, tmp_path, one_ip_each=False)
     kubeapi.take_encoded_bytes()
     rows: list[tuple[tuple[str, str], PodInfo]] = []
-    kube = Kube(api_client(Config(kubeconfig=kubeapi.write_kubeconfig(tmp_path / "k"))), no_sleep_retry(), 2)
+    kube = Kube(api_client(Config(kubeconfig=(kubeapi.write_kubeconfig(tmp_path / "k"),))), no_sleep_retry(), 2)
     kube.each_pod(lambda key, pod: rows.append((key, pod)), one_ip_each=True)
     assert set(kubeapi.take_encoded_bytes()) == {"table /api/v1/pods"}
     expected = [((ANY_NAMESPACE, name), PodInfo(pod.node, pod.ips[:1])) for (_, name), pod in whole.items()]
