@@ -71,7 +71,7 @@ BORROWER = 999  # the pod number of an orphan's pod whose IP it borrowed from a 
 BORROWED_ORDINAL = 63
 
 
-def container_id(index: int, pod: int, hashed: bool = False) -> str:
+def _container_id(index: int, pod: int, hashed: bool) -> str:
     """A pod's container id: counted up by host (a handle's key then sorts with its host's), or
     `hashed` as a container runtime makes them (64 hexadecimal digits, in no order of hosts: the
     handles' keys then say nothing of where a host's lie)."""
@@ -80,9 +80,13 @@ def container_id(index: int, pod: int, hashed: bool = False) -> str:
     return f"{index:06x}{pod:06x}cafe"
 
 
+def _pod_handle(index: int, pod: int, hashed: bool) -> str:
+    return f"k8s-pod-network.{_container_id(index, pod, hashed)}"
+
+
 def _pod_attribute(index: int, pod: int, namespaces: int, hashed: bool) -> dict[str, object]:
     return {
-        "handle_id": f"k8s-pod-network.{container_id(index, pod, hashed)}",
+        "handle_id": _pod_handle(index, pod, hashed),
         "secondary": {
             "namespace": namespace(index, pod, namespaces),
             "node": host_name(index),
@@ -94,8 +98,8 @@ def _pod_attribute(index: int, pod: int, namespaces: int, hashed: bool) -> dict[
 
 def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int, hashed: bool) -> Iterator[tuple[str, str]]:
     """A pod's handle and workload endpoint (its allocation is in the block's value)."""
-    name, container, team = host_name(index), container_id(index, pod, hashed), namespace(index, pod, namespaces)
-    yield f"/calico/ipam/v2/handle/k8s-pod-network.{container}", _dump({"block": {cidr: 1}, "deleted": False})
+    name, container, team = host_name(index), _container_id(index, pod, hashed), namespace(index, pod, namespaces)
+    yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod, hashed)}", _dump({"block": {cidr: 1}, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
         f"{R}workloadendpoints/{team}/{wep}",
@@ -144,7 +148,7 @@ def host_keys(
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
     `borrows_from`: the live host whose block holds this orphan's borrower pod's IP; `hashed`:
-    container ids as a runtime makes them (container_id)."""
+    container ids as a runtime makes them (_container_id)."""
     name = host_name(index)
     cidr, prefix = _block(index)
     tunnel = f"{prefix}1"
@@ -225,7 +229,7 @@ def datastore(
     (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
     block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
     hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes). `hashed`:
-    container ids as a runtime makes them (container_id)."""
+    container ids as a runtime makes them (_container_id)."""
     live = hosts - orphans
     namespaces = namespaces or NAMESPACES[shape]
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"

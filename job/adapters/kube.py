@@ -358,13 +358,11 @@ def api_client(config: Config) -> k8s.ApiClient:
             ) from error
         return k8s.ApiClient()
     configuration = k8s.Configuration()
+    named = os.pathsep.join(map(str, paths))  # as KUBECONFIG lists them: the client merges them
     try:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=os.pathsep.join(map(str, paths)), client_configuration=configuration
-        )
+        k8s_config.load_kube_config(config_file=named, client_configuration=configuration)  # type: ignore[no-untyped-call]
     except Exception as error:  # YAML errors, wrong types, missing files: all the same to an operator
         first = " ".join(str(error).split())[:200] or type(error).__name__
-        named = os.pathsep.join(map(str, paths))
         raise KubeError(
             f"kubeconfig {named} is not usable: {first}; check --kubeconfig or KUBECONFIG", kind="config"
         ) from error
