@@ -51,6 +51,7 @@ def main() -> int:
     (workdir / "etcd").mkdir()
     etcd, kubeapi, holding = EtcdServer(workdir / "etcd"), KubeApiServer().start(), HoldingServer()
     etcd.start()
+    kubeapi.add_namespace("calico-gc")
     try:
         seed = cross_borrowing_fleet(3)
         calico.load(etcd.url, seed.seed.keys)

@@ -86,6 +86,7 @@ def pushgateway(tmp_path: Path) -> Iterator[prometheus.Pushgateway]:
 @pytest.fixture
 def kubeapi() -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
+    server.add_namespace("calico-gc")  # the job's own, as its chart and manifests create it
     yield server
     server.stop()
 

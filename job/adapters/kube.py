@@ -369,14 +369,27 @@ def api_client(config: Config) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-def _status_message(error: ApiException) -> str:
-    """The API server's own message from a Status body, else the HTTP reason."""
+def _status(error: ApiException) -> dict[str, Any]:
+    """The Status object an error answer carries, or {} where it carries none."""
     try:
         body = json.loads(error.body or "")
     except (TypeError, ValueError):
-        body = None
-    message = body.get("message") if isinstance(body, dict) else None
-    return " ".join(str(message or error.reason or "").split())[:300]
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _status_message(error: ApiException) -> str:
+    """The API server's own message from a Status body, else the HTTP reason."""
+    return " ".join(str(_status(error).get("message") or error.reason or "").split())[:300]
+
+
+def _missing_namespace(error: ApiException) -> str | None:
+    """The namespace a create was refused for because it does not exist (NamespaceLifecycle
+    answers 404 with the namespace as the Status's details), else None."""
+    details = _status(error).get("details")
+    if error.status != 404 or not isinstance(details, dict) or details.get("kind") != "namespaces":
+        return None
+    return str(details.get("name") or "") or None
 
 
 def _now() -> datetime:
@@ -427,6 +440,12 @@ class Kube:
                 text = f"forbidden (HTTP 403) {method} {path}: {message}; grant it in the RBAC of manifests/base"
                 if "projectcalico.org/" in path:
                     text += " (DATASTORE_TYPE=kubernetes needs manifests/kdd, which grants both Calico API groups)"
+            elif method == "POST" and (namespace := _missing_namespace(error)):
+                text = (
+                    f'namespace "{namespace}" does not exist ({method} {path}): create it, or set --namespace '
+                    "(POD_NAMESPACE) to the namespace the job runs in"
+                )
+                return KubeError(text, status, kind="config")
             else:
                 text = f"{method} {path}: HTTP {status} {message}"
             return Conflict(text) if status == 409 else KubeError(text, status)

@@ -26,6 +26,7 @@ def call(server: KubeApiServer, method: str, path: str, body: Any = None, **quer
 
 
 def test_created_objects_get_what_the_real_server_assigns(kubeapi: KubeApiServer) -> None:
+    kubeapi.add_namespace("shop")
     pod = {"metadata": {"name": "web", "namespace": "shop", "uid": "sent", "labels": {"app": "web"}}}
     pod["spec"] = {"nodeName": "n1", "containers": [{"name": "web", "image": "web:1"}]}
     created = call(kubeapi, "POST", "/api/v1/namespaces/shop/pods", pod).json()
@@ -144,12 +145,39 @@ def test_a_malformed_label_selector_is_a_400_in_the_servers_words(
 def test_a_built_in_object_whose_name_is_no_dns_subdomain_is_a_422(
     kubeapi: KubeApiServer, collection: str, qualified: str
 ) -> None:
+    kubeapi.add_namespace("ns")
     answer = call(kubeapi, "POST", collection, {"metadata": {"name": "Calico_GC"}})
     assert answer.status_code == 422 and answer.json()["reason"] == "Invalid"
     assert answer.json()["message"].startswith(
         f'{qualified} "Calico_GC" is invalid: metadata.name: Invalid value: "Calico_GC": a lowercase RFC 1123 subdomain'
     )
     assert call(kubeapi, "POST", collection, {"metadata": {"name": "calico-gc"}}).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "collection",
+    ["/api/v1/namespaces/absent/configmaps", "/apis/coordination.k8s.io/v1/namespaces/absent/leases"],
+)
+def test_a_create_in_a_namespace_that_does_not_exist_is_a_404(kubeapi: KubeApiServer, collection: str) -> None:
+    """NamespaceLifecycle answers before the object is validated: even a bad name is a 404 there.
+    Reads are not refused: a list in a namespace that does not exist is empty."""
+    answer = call(kubeapi, "POST", collection, {"metadata": {"name": "Calico_GC"}})
+    assert answer.status_code == 404 and answer.json()["reason"] == "NotFound"
+    assert answer.json()["message"] == 'namespaces "absent" not found'
+    assert answer.json()["details"] == {"name": "absent", "kind": "namespaces"}
+    listed = call(kubeapi, "GET", collection)
+    assert listed.status_code == 200 and listed.json()["items"] == []
+    assert call(kubeapi, "GET", f"{collection}/calico-gc").json()["reason"] == "NotFound"
+    kubeapi.add_namespace("absent")
+    assert call(kubeapi, "POST", collection, {"metadata": {"name": "calico-gc"}}).status_code == 201
+
+
+def test_a_new_cluster_has_its_four_namespaces_and_a_seeds_namespace_exists_with_it(kubeapi: KubeApiServer) -> None:
+    for namespace in ("default", "kube-system", "kube-public", "kube-node-lease"):
+        assert call(kubeapi, "POST", f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "a"}}).ok
+    assert call(kubeapi, "POST", "/api/v1/namespaces/shop/configmaps", {"metadata": {"name": "a"}}).status_code == 404
+    kubeapi.add_pod("shop", "web", None)
+    assert call(kubeapi, "POST", "/api/v1/namespaces/shop/configmaps", {"metadata": {"name": "a"}}).status_code == 201
 
 
 # With Calico's CRDs (../shared/calico-crds): writes are admitted as the real server admits them.

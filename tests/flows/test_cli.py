@@ -177,6 +177,22 @@ def test_lease_lock_is_the_default(harness: Harness, tmp_path: Path, capsys: pyt
     assert harness.kubeapi.get("/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases", "calico-gc") is not None
 
 
+def test_a_namespace_that_does_not_exist_is_a_setting_to_fix_and_nothing_is_deleted(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real server refuses a create in a namespace it does not hold (404, NamespaceLifecycle): the
+    Lease is the run's first write, so the run stops there, before it reads or deletes anything."""
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    env = environment(harness, tmp_path, POD_NAMESPACE="calico-gc-typo", CALICO_GC_APPLY="true")
+    code = main(["--grace-period", "0s", "--state-file", str(tmp_path / "s.json")], env)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 2 and report["errors"][0]["kind"] == "config"
+    assert report["errors"][0]["message"].startswith('namespace "calico-gc-typo" does not exist (POST /apis/')
+    assert "set --namespace (POD_NAMESPACE)" in report["errors"][0]["message"]
+    assert harness.dump() == before and report["summary"]["deleted"] == 0
+
+
 def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scenario = s.kops_cluster()
     scenario.k8s_nodes = []

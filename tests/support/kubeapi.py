@@ -173,6 +173,9 @@ class KubeApiServer:
     # Benchmarks: keep each object's JSON as it is written and build list pages from it, as the
     # real server serves lists from its watch cache. Objects must then not be changed in place.
     cache_lists: bool = False
+    # The namespaces that exist: a create in any other is a 404, as NamespaceLifecycle answers it.
+    # A new cluster has these four; `add_namespace` makes more, and a seed's namespace exists with it.
+    namespaces: set[str] = field(default_factory=lambda: {"default", "kube-system", "kube-public", "kube-node-lease"})
     # False: JSON only, as an API server behind a proxy (or aggregator) that serves no protobuf.
     serves_protobuf: bool = True
     # False: no Tables either, as a proxy that passes only plain lists.
@@ -236,6 +239,8 @@ class KubeApiServer:
             obj.clear()
             obj.update(stored)
         with self._lock:
+            if (namespace := _namespace_of(collection)) is not None:
+                self.namespaces.add(namespace)  # an object the cluster holds: its namespace is there
             metadata = obj.setdefault("metadata", {})
             current = self.objects.get(collection, {}).get(metadata.get("name"))
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -264,6 +269,11 @@ class KubeApiServer:
     def get(self, collection: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self.objects.get(collection, {}).get(name)
+
+    def add_namespace(self, name: str) -> None:
+        """A namespace created, as an operator or a chart creates the job's own before it runs."""
+        with self._lock:
+            self.namespaces.add(name)
 
     def add_node(self, name: str, internal_ip: str | None = None) -> None:
         """A Ready Node as a real cluster holds it (objects.node)."""
@@ -424,6 +434,11 @@ class KubeApiServer:
         details = {"name": name, "kind": plural}
         if method == "GET" and name is None:
             return self._list(self._listing(collection, plural), kind, query, plural, media)
+        namespace = _namespace_of(collection)
+        if method == "POST" and namespace is not None and namespace not in self.namespaces:
+            # NamespaceLifecycle, an admission plugin: it answers before the object is validated.
+            missing = {"name": namespace, "kind": "namespaces"}
+            return 404, status_body(404, f'namespaces "{namespace}" not found', missing)
         if method in ("POST", "PUT") and plural in ("configmaps", "secrets"):
             size = sum(len(str(v)) for v in (payload.get("data") or {}).values())
             size += sum(len(base64.b64decode(v)) for v in (payload.get("binaryData") or {}).values())
@@ -741,6 +756,12 @@ def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
             raise ValueError(f'"{name}" is not a known field selector: only "metadata.name", "metadata.namespace"')
         found.append((name, not negated, value))
     return found
+
+
+def _namespace_of(collection: str) -> str | None:
+    """The namespace of a namespaced collection's path, None for a cluster-scoped one."""
+    found = _ROUTE.match(collection)
+    return (found.group("ns") or found.group("ns2")) if found else None
 
 
 def _resource(path: str) -> str:
