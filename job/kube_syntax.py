@@ -190,6 +190,13 @@ def whole_number(text: str) -> int | None:
 
 def _check_key(key: str) -> None:
     """A label key: a name of at most 63 characters, after an optional DNS subdomain and `/`."""
+    problems = qualified_name_problems(key)
+    if problems:
+        raise SelectorError(f'<nil>: Invalid value: "{key}": {"; ".join(problems)}')
+
+
+def qualified_name_problems(key: str) -> list[str]:
+    """What makes `key` no qualified name (a label key's form), in apimachinery's words."""
     prefix, slash, name = key.rpartition("/")
     problems = []
     if key.count("/") > 1:
@@ -212,8 +219,7 @@ def _check_key(key: str) -> None:
             problems.append("name part must be no more than 63 characters")
         elif not _NAME.fullmatch(name):
             problems.append(f"name part {_NAME_RULE}")
-    if problems:
-        raise SelectorError(f'<nil>: Invalid value: "{key}": {"; ".join(problems)}')
+    return problems
 
 
 def _check_value(key: str, value: str) -> None:

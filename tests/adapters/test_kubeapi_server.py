@@ -180,6 +180,120 @@ def test_a_new_cluster_has_its_four_namespaces_and_a_seeds_namespace_exists_with
     assert call(kubeapi, "POST", "/api/v1/namespaces/shop/configmaps", {"metadata": {"name": "a"}}).status_code == 201
 
 
+def event(involved: dict[str, str], **fields: Any) -> dict[str, Any]:
+    return {"metadata": {"generateName": "calico-gc-"}, "involvedObject": involved, "reason": "Why", **fields}
+
+
+NODE, POD = {"kind": "Node", "name": "n1"}, {"kind": "Pod", "name": "p", "namespace": "calico-gc"}
+TIMED = {"eventTime": "2026-12-04T12:00:00.000000Z", "reportingComponent": "calico-gc", "reportingInstance": "p"}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "body", "causes"),
+    [
+        ("default", event(NODE), []),
+        ("default", event(NODE, message="x" * 2000), []),  # no limit without an eventTime
+        ("kube-system", event(NODE), ['involvedObject.namespace: Invalid value: "": does not match event.namespace']),
+        ("calico-gc", event(POD), []),
+        (
+            "default",
+            event(POD),
+            ['involvedObject.namespace: Invalid value: "calico-gc": does not match event.namespace'],
+        ),
+        ("kube-system", event(NODE, action="Delete", **TIMED), []),
+        ("default", event(POD, action="Delete", **TIMED), []),  # not matched where it has an eventTime
+        (
+            "calico-gc",
+            event(NODE, **TIMED),
+            [
+                'involvedObject.namespace: Invalid value: "": does not match event.namespace',
+                "action: Required value",
+            ],
+        ),
+        (
+            "default",
+            event(NODE, eventTime=TIMED["eventTime"], action="a" * 129, message="m" * 1025),
+            [
+                "reportingController: Required value",
+                'reportingController: Invalid value: "": name part must be non-empty',
+                "reportingInstance: Required value",
+                'action: Invalid value: "": can have at most 128 characters',
+                'message: Invalid value: "": can have at most 1024 characters',
+            ],
+        ),
+        ("default", {**event(NODE), "metadata": {"name": "Calico_GC"}}, []),  # only a path segment
+        (
+            "default",
+            {**event(NODE), "metadata": {"name": "a/b%"}},
+            [
+                "metadata.name: Invalid value: \"a/b%\": may not contain '/'",
+                "metadata.name: Invalid value: \"a/b%\": may not contain '%'",
+            ],
+        ),
+    ],
+)
+def test_a_core_event_is_admitted_as_the_real_server_admits_it(
+    kubeapi: KubeApiServer, namespace: str, body: dict[str, Any], causes: list[str]
+) -> None:
+    """legacyValidateEvent, the only rules of a core/v1 Event, and its name as a path segment."""
+    answer = call(kubeapi, "POST", f"/api/v1/namespaces/{namespace}/events", body)
+    if not causes:
+        assert answer.status_code == 201, answer.json()
+        assert answer.json()["metadata"]["namespace"] == namespace, "the request's namespace is the object's"
+        return
+    assert answer.status_code == 422 and answer.json()["reason"] == "Invalid"
+    assert [f"{c['field']}: {c['message']}" for c in answer.json()["details"]["causes"]] == causes
+    said = causes[0] if len(causes) == 1 else "[" + ", ".join(causes) + "]"
+    assert answer.json()["message"].endswith(f" is invalid: {said}") and answer.json()["message"].startswith("Event ")
+
+
+@pytest.mark.parametrize(
+    ("spec", "causes"),
+    [
+        ({"holderIdentity": "run-1", "leaseDurationSeconds": 1, "leaseTransitions": 0}, []),
+        ({"leaseDurationSeconds": 0}, ["spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0"]),
+        ({"leaseTransitions": -1}, ["spec.leaseTransitions: Invalid value: -1: must be greater than or equal to 0"]),
+        (
+            {"strategy": "Newest"},
+            ['spec.strategy.strategy: Unsupported value: "Newest": supported values: "OldestEmulationVersion"'],
+        ),
+        ({"strategy": "example.com/mine", "preferredHolder": "a"}, []),
+        (
+            {"preferredHolder": "a"},
+            ["spec.preferredHolder: Forbidden: may only be specified if `strategy` is defined"],
+        ),
+    ],
+)
+def test_a_lease_is_admitted_as_the_real_server_admits_it(
+    kubeapi: KubeApiServer, spec: dict[str, Any], causes: list[str]
+) -> None:
+    """ValidateLeaseSpec, on create and on update: the job's release shortens the Lease to 1 s."""
+    answer = call(kubeapi, "POST", LEASES.replace("/ns/", "/calico-gc/"), {"metadata": {"name": "l"}, "spec": spec})
+    if causes:
+        assert answer.status_code == 422
+        assert [f"{c['field']}: {c['message']}" for c in answer.json()["details"]["causes"]] == causes
+        assert answer.json()["message"].startswith('Lease.coordination.k8s.io "l" is invalid: ')
+        created = call(kubeapi, "POST", LEASES.replace("/ns/", "/calico-gc/"), {"metadata": {"name": "l"}}).json()
+        again = call(kubeapi, "PUT", LEASES.replace("/ns/", "/calico-gc/") + "/l", {**created, "spec": spec})
+        assert again.status_code == 422, "an update is held to the same rules"
+    else:
+        assert answer.status_code == 201, answer.json()
+
+
+def test_an_objects_namespace_is_the_requests(kubeapi: KubeApiServer) -> None:
+    sent = {"metadata": {"name": "a", "namespace": "default"}}
+    answer = call(kubeapi, "POST", "/api/v1/namespaces/kube-system/configmaps", sent)
+    assert answer.status_code == 400 and answer.json()["reason"] == "BadRequest"
+    assert (
+        answer.json()["message"]
+        == "the namespace of the provided object does not match the namespace sent on the request"
+    )
+    created = call(kubeapi, "POST", "/api/v1/namespaces/kube-system/configmaps", {"metadata": {"name": "a"}})
+    assert created.json()["metadata"]["namespace"] == "kube-system"
+    node = call(kubeapi, "POST", "/api/v1/nodes", {"metadata": {"name": "n1", "namespace": "default"}}).json()
+    assert "namespace" not in node["metadata"], "a cluster-scoped object's namespace is cleared"
+
+
 # With Calico's CRDs (../shared/calico-crds): writes are admitted as the real server admits them.
 needs_crds = pytest.mark.skipif(not crds.available(), reason="Calico's CRDs are not beside the checkout (../shared)")
 CRD = "/apis/crd.projectcalico.org/v1"

@@ -32,7 +32,7 @@ import socket
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from job.kube_syntax import Requirement, parse_selector, whole_number
-from tests.support import crds, k8s_protobuf, k8s_table, objects
+from tests.support import builtin, crds, k8s_protobuf, k8s_table, objects
 
 REASONS = {
     400: "BadRequest",
@@ -435,6 +435,16 @@ class KubeApiServer:
         if method == "GET" and name is None:
             return self._list(self._listing(collection, plural), kind, query, plural, media)
         namespace = _namespace_of(collection)
+        if method in ("POST", "PUT") and isinstance(payload.get("metadata"), dict):
+            # The request's namespace is the object's (the create and update handlers, before admission).
+            sent = payload["metadata"].get("namespace")
+            if namespace is None:
+                payload["metadata"].pop("namespace", None)  # cluster-scoped: cleared
+            elif sent and sent != namespace:
+                message = "the namespace of the provided object does not match the namespace sent on the request"
+                return 400, status_body(400, message)
+            else:
+                payload["metadata"]["namespace"] = namespace
         if method == "POST" and namespace is not None and namespace not in self.namespaces:
             # NamespaceLifecycle, an admission plugin: it answers before the object is validated.
             missing = {"name": namespace, "kind": "namespaces"}
@@ -453,7 +463,7 @@ class KubeApiServer:
             new_name = metadata.get("name")
             if not new_name:
                 return 400, status_body(400, "metadata.name or generateName is required")
-            if crd is None and (causes := list(crds.name_causes(metadata))):
+            if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace))):
                 group = collection.split("/")[2] if collection.startswith("/apis/") else ""
                 raise crds.Invalid(kind, group, new_name, causes)
             if new_name in items:
@@ -473,6 +483,9 @@ class KubeApiServer:
         if method == "GET":
             return 200, current
         if method == "PUT":
+            if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace, update=True))):
+                group = collection.split("/")[2] if collection.startswith("/apis/") else ""
+                raise crds.Invalid(kind, group, name, causes)
             sent = (payload.get("metadata") or {}).get("resourceVersion")
             if sent != current["metadata"]["resourceVersion"]:
                 return 409, status_body(
@@ -512,6 +525,23 @@ class KubeApiServer:
             self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
             return 200, current
         return 405, status_body(405, "method not allowed")
+
+    @staticmethod
+    def _builtin_causes(
+        collection: str, obj: dict[str, Any], namespace: str | None, update: bool = False
+    ) -> Iterator[crds.Cause]:
+        """Why the real server refuses a built-in kind's object: a core Event by its own rules and
+        its name as a path segment (builtin.py); any other kind's name on create, as a DNS
+        subdomain; a Lease's spec (builtin.py)."""
+        metadata = obj.get("metadata") or {}
+        if collection == f"/api/v1/namespaces/{namespace}/events":
+            yield from builtin.event_causes(obj, namespace or "")
+            if not update:
+                yield from builtin.path_segment_causes(metadata)
+        elif not update:
+            yield from crds.name_causes(metadata)
+        if collection == f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases":
+            yield from builtin.lease_causes(obj)
 
     def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
         """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
