@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop image lock clean prometheus-tools rules
+.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges image lock clean prometheus-tools rules
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
 	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply, in v1 and v3"
 	@echo "make bench-stop  how long a run takes to end after SIGTERM while a read hangs"
+	@echo "make bench-ranges  what a paged read costs etcd: per range, per key counted, per key returned"
 	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -155,6 +156,9 @@ bench-kdd: $(STAMP)
 
 bench-stop: $(STAMP)
 	$(BIN)/python -m bench.stop
+
+bench-ranges: $(STAMP)
+	$(BIN)/python -m bench.range_cost
 
 # requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
 lock: $(STAMP)

