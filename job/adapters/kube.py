@@ -383,6 +383,20 @@ def _status_message(error: ApiException) -> str:
     return " ".join(str(_status(error).get("message") or error.reason or "").split())[:300]
 
 
+# How the API server words a refusal by admission: a webhook's (webhook errors' ToStatusErr) and a
+# ValidatingAdmissionPolicy's (its validating admission plugin); either may come as any 4xx.
+_ADMISSION_REFUSALS = (
+    re.compile(r'(admission webhook "[^"]*") denied the request'),
+    re.compile(r"(ValidatingAdmissionPolicy '[^']*')(?: with binding '[^']*')? denied request"),
+)
+
+
+def _admission_refuser(message: str) -> str | None:
+    """The webhook or policy a refusal names, if an admission check refused the request."""
+    found = next((m for m in (p.search(message) for p in _ADMISSION_REFUSALS) if m), None)
+    return found.group(1) if found else None
+
+
 def _missing_namespace(error: ApiException) -> str | None:
     """The namespace a create was refused for because it does not exist (NamespaceLifecycle
     answers 404 with the namespace as the Status's details), else None."""
@@ -436,6 +450,12 @@ class Kube:
             status, message = error.status, _status_message(error)
             if status == 401:
                 text = f"unauthorized (HTTP 401): {self.host} refused {self._credential()}"
+            elif refuser := _admission_refuser(message):
+                text = (
+                    f"refused by {refuser} (HTTP {status}) {method} {path}: {message}; the cluster's admission "
+                    "policy must let calico-gc write this (exempt its namespace or its service account)"
+                )
+                return KubeError(text, status, kind="admission")
             elif status == 403:
                 text = f"forbidden (HTTP 403) {method} {path}: {message}; grant it in the RBAC of manifests/base"
                 if "projectcalico.org/" in path:

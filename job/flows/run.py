@@ -57,7 +57,7 @@ STOP_POLL_S = 0.05  # how often a waiting read looks at the stop flag
 RELEASE_ON_STOP_S = 2.0  # the longest a stopped run waits to give its Lease up
 
 # Error kinds that a setting fixes (exit 2); the rest are servers failing (exit 1).
-USAGE_KINDS = frozenset({"datastore_type", "config", "tls", "unauthorized", "bad_answer"})
+USAGE_KINDS = frozenset({"datastore_type", "config", "tls", "unauthorized", "admission", "bad_answer"})
 
 
 class Lock(Protocol):

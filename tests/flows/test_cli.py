@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,6 +192,43 @@ def test_a_namespace_that_does_not_exist_is_a_setting_to_fix_and_nothing_is_dele
     assert report["errors"][0]["message"].startswith('namespace "calico-gc-typo" does not exist (POST /apis/')
     assert "set --namespace (POD_NAMESPACE)" in report["errors"][0]["message"]
     assert harness.dump() == before and report["summary"]["deleted"] == 0
+
+
+WEBHOOK_DENIAL = {  # as Gatekeeper answers, through the API server's webhook errors
+    "status": 403,
+    "reason": "Forbidden",
+    "message": 'admission webhook "validation.gatekeeper.sh" denied the request: [must-have-team] you must provide '
+    'labels: {"team"}',
+}
+POLICY_DENIAL = {  # a ValidatingAdmissionPolicy whose validation has no reason: Invalid, 422
+    "status": 422,
+    "reason": "Invalid",
+    "message": "leases.coordination.k8s.io \"calico-gc\" is forbidden: ValidatingAdmissionPolicy 'team-label' with "
+    "binding 'team-label' denied request: failed expression: has(object.metadata.labels.team)",
+}
+
+
+@pytest.mark.parametrize(
+    ("denial", "refuser"),
+    [
+        (WEBHOOK_DENIAL, 'admission webhook "validation.gatekeeper.sh"'),
+        (POLICY_DENIAL, "ValidatingAdmissionPolicy 'team-label'"),
+    ],
+)
+def test_a_write_refused_by_admission_names_the_webhook_or_policy(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str], denial: dict[str, Any], refuser: str
+) -> None:
+    """A cluster policy that refuses the job's Lease is a setting to fix (exit 2), not RBAC to grant."""
+    harness.seed(s.kops_cluster())
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", **denial}
+    status["code"] = status.pop("status")
+    harness.kubeapi.fail("POST", "/leases$", status["code"], body=status)
+    code = main(["--grace-period", "0s", "--state-file", str(tmp_path / "s.json")], environment(harness, tmp_path))
+    report = json.loads(capsys.readouterr().out)
+    (error,) = report["errors"]
+    assert code == 2 and error["kind"] == "admission"
+    assert error["message"].startswith(f"refused by {refuser} (HTTP {status['code']}) POST /apis/coordination")
+    assert denial["message"] in error["message"] and "RBAC" not in error["message"]
 
 
 def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
