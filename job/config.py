@@ -10,7 +10,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -91,6 +91,16 @@ def parse_endpoints(text: str) -> tuple[EtcdEndpoint, ...]:
     if not endpoints:
         raise ConfigError("no etcd endpoints given (ETCD_ENDPOINTS or --etcd-endpoints)")
     return tuple(endpoints)
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A setting never printed: the log line at start says only whether it is set."""
+
+    value: str = field(default="", repr=False)
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
 
 
 @dataclass(frozen=True)
@@ -288,6 +298,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--etcd-cert-file", "ETCD_CERT_FILE", None, "Client certificate for etcd.", metavar="PATH"),
     Option("--etcd-key-file", "ETCD_KEY_FILE", None, "Client key for etcd.", metavar="PATH"),
+    Option(
+        "--etcd-username",
+        "ETCD_USERNAME",
+        None,
+        "etcd user, where etcd's own authentication is on (as Calico's ETCD_USERNAME); its password is "
+        "ETCD_PASSWORD, read from the environment only (a Secret), never a flag.",
+        metavar="NAME",
+    ),
     Option("--etcd-timeout", "CALICO_GC_ETCD_TIMEOUT", "10s", "Timeout of one etcd request.", metavar="DURATION"),
     Option(
         "--page-size",
@@ -443,6 +461,8 @@ class Config:
     etcd_ca_cert_file: Path | None = None
     etcd_cert_file: Path | None = None
     etcd_key_file: Path | None = None
+    etcd_username: str | None = None
+    etcd_password: Secret = Secret()
     etcd_timeout: timedelta = timedelta(seconds=10)
     page_size: int = 10000
     retry_attempts: int = 6
@@ -465,8 +485,9 @@ class Config:
 
 
 def effective(config: Config) -> dict[str, object]:
-    """Every setting as this run uses it, for the log line at start. Only paths and names: the
-    configuration holds no secret (certificates and tokens are files it names)."""
+    """Every setting as this run uses it, for the log line at start. Only paths and names:
+    certificates and tokens are files it names, and the one secret it holds (ETCD_PASSWORD) is
+    shown only as set or not."""
     shown: dict[str, object] = {}
     for name, value in vars(config).items():
         if isinstance(value, timedelta):
@@ -475,6 +496,8 @@ def effective(config: Config) -> dict[str, object]:
             value = str(value)
         elif isinstance(value, Command):
             value = value.name
+        elif isinstance(value, Secret):
+            value = "(set)" if value else None
         elif isinstance(value, tuple):
             value = [item.url if isinstance(item, EtcdEndpoint) else str(item) for item in value]
         shown[name] = value
@@ -713,6 +736,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     cert, key = optional("etcd_cert_file"), optional("etcd_key_file")
     if bool(cert) != bool(key):
         raise ConfigError("ETCD_CERT_FILE and ETCD_KEY_FILE must be given together")
+    username, password = optional("etcd_username"), environ.get("ETCD_PASSWORD", "")
+    if bool(username) != bool(password):
+        raise ConfigError("ETCD_USERNAME (--etcd-username) and ETCD_PASSWORD must be given together")
     endpoints = parse_endpoints(text("etcd_endpoints"))
     etcd_timeout = duration("etcd_timeout")
     if etcd_timeout <= timedelta(0):
@@ -749,6 +775,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         etcd_ca_cert_file=_readable("ETCD_CA_CERT_FILE", optional("etcd_ca_cert_file")),
         etcd_cert_file=_readable("ETCD_CERT_FILE", cert),
         etcd_key_file=_readable("ETCD_KEY_FILE", key),
+        etcd_username=username or None,
+        etcd_password=Secret(password),
         etcd_timeout=etcd_timeout,
         page_size=_int("--page-size", text("page_size"), 1),
         retry_attempts=_int("--retry-attempts", text("retry_attempts"), 1),

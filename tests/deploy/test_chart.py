@@ -109,6 +109,15 @@ def test_the_calico_api_group_is_set_only_when_given() -> None:
     assert settings({"calicoApiGroup": "projectcalico.org/v3"})["CALICO_API_GROUP"] == "projectcalico.org/v3"
 
 
+def test_etcd_credentials_come_from_a_secret_only_when_one_is_named() -> None:
+    _, pod = pod_spec(helm_render())
+    assert not {"ETCD_USERNAME", "ETCD_PASSWORD"} & {e["name"] for e in pod["containers"][0]["env"]}
+    _, pod = pod_spec(helm_render({"etcd": {"credentialsSecret": "calico-etcd-user"}}))
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    for name, key in (("ETCD_USERNAME", "username"), ("ETCD_PASSWORD", "password")):
+        assert env[name]["valueFrom"] == {"secretKeyRef": {"name": "calico-etcd-user", "key": key}}
+
+
 def test_the_image_is_the_app_version_and_every_run_is_a_dry_run_by_default() -> None:
     docs = by_name(helm_render())
     _, pod = pod_spec(list(docs.values()))

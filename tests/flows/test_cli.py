@@ -254,6 +254,8 @@ def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.Ca
         ([], {"ETCD_ENDPOINTS": "etcd:2379"}, "invalid etcd endpoint"),
         ([], {"ETCD_ENDPOINTS": "https://user:pw@etcd:2379"}, "must not carry credentials"),
         ([], {"ETCD_CERT_FILE": "/etc/hostname"}, "must be given together"),
+        ([], {"ETCD_USERNAME": "calico"}, "ETCD_USERNAME (--etcd-username) and ETCD_PASSWORD must be given together"),
+        ([], {"ETCD_PASSWORD": "secret"}, "ETCD_USERNAME (--etcd-username) and ETCD_PASSWORD must be given together"),
         ([], {"ETCD_CA_CERT_FILE": "/no/such/ca.pem"}, "ETCD_CA_CERT_FILE: cannot read"),
         ([], {"DATASTORE_TYPE": "consul"}, "DATASTORE_TYPE: expected one of etcdv3, etcdv2, kubernetes"),
         ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "kubeconfig /no/such/kubeconfig is not usable"),

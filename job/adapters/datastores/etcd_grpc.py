@@ -25,7 +25,15 @@ import grpc
 from etcd3.etcdrpc import rpc_pb2, rpc_pb2_grpc
 
 from job.adapters.datastores.base import DatastoreError
-from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient, check_tls_files
+from job.adapters.datastores.failover import (
+    AUTH_HINT,
+    ENDPOINTS_HINT,
+    TLS_HINT,
+    Endpoints,
+    Final,
+    Transient,
+    check_tls_files,
+)
 from job.adapters.retry import RetryPolicy, one_line
 from job.config import Config
 
@@ -104,8 +112,20 @@ def failure(error: grpc.RpcError, url: str, method: str, timeout_s: float) -> Tr
         code == grpc.StatusCode.RESOURCE_EXHAUSTED and "too many requests" in said
     ):
         return Transient(f"etcd at {url}: {details}")
-    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return Final(f"etcd at {url} refused the request ({details}); {TLS_HINT}", "unauthorized")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return Final(
+            f"etcd at {url} refused {method} ({details}): the etcd user (ETCD_USERNAME, or the client "
+            "certificate's common name) needs a role that may read and write the /calico/ prefix",
+            "unauthorized",
+        )
+    if code == grpc.StatusCode.INVALID_ARGUMENT and "user name is empty" in said:
+        return Final(
+            f"etcd at {url} has authentication on and was given no user ({details}): set ETCD_USERNAME and "
+            "ETCD_PASSWORD, or a client certificate whose common name is an etcd user",
+            "unauthorized",
+        )
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Final(f"etcd at {url} refused the request ({details}); {AUTH_HINT}", "unauthorized")
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return Final(f"{url} has no etcd v3 {method} ({details}): not etcd 3.x? {ENDPOINTS_HINT}", "bad_answer")
     if code == grpc.StatusCode.OUT_OF_RANGE and "compacted" in said:
@@ -118,6 +138,13 @@ def failure(error: grpc.RpcError, url: str, method: str, timeout_s: float) -> Tr
     if any(word in said for word in _ETCD_TRANSIENT) and code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED):
         return Transient(f"etcd at {url}: {details}")
     return Final(f"etcd {method} at {url}: {code.name} {details}", "bad_answer")
+
+
+def _stale_token(error: grpc.RpcError) -> bool:
+    """etcd no longer takes the token a call carried: it expired (simple tokens live 5 minutes
+    unused), or users or roles changed since it was given. A new one is asked for, once."""
+    said = (error.details() if isinstance(error, grpc.Call) else "") or ""
+    return "invalid auth token" in said or "revision of auth store is old" in said
 
 
 def _sized_range(raw: bytes) -> tuple[Any, int]:
@@ -137,6 +164,7 @@ class _KvStub:
             response_deserializer=_sized_range,
         )
         self.Txn = rpc_pb2_grpc.KVStub(channel).Txn
+        self.Authenticate = rpc_pb2_grpc.AuthStub(channel).Authenticate
 
 
 def _credentials(config: Config) -> grpc.ChannelCredentials:
@@ -171,6 +199,7 @@ class EtcdGrpc:
         self._timeout = config.etcd_timeout.total_seconds()
         self._channels: dict[int, grpc.Channel] = {}
         self._stubs: dict[int, _KvStub] = {}
+        self._tokens: dict[int, tuple[tuple[str, str], ...]] = {}  # each endpoint's call metadata
         self._lock = threading.Lock()
         self._closed = False
 
@@ -197,12 +226,50 @@ class EtcdGrpc:
         """`KV.<method>(request)`, retried on transient failures; its answer."""
 
         def attempt(index: int) -> Any:
+            stub, url = self._stub(index), self._endpoints.urls[index]
+            metadata = self._metadata(index, stub, url)
             try:
-                return getattr(self._stub(index), method)(request, timeout=self._timeout)
+                return getattr(stub, method)(request, timeout=self._timeout, metadata=metadata)
             except grpc.RpcError as error:
-                raise failure(error, self._endpoints.urls[index], method, self._timeout) from None
+                if not (metadata and _stale_token(error)):
+                    raise failure(error, url, method, self._timeout) from None
+            metadata = self._metadata(index, stub, url, fresh=True)
+            try:  # once more, with a token etcd takes
+                return getattr(stub, method)(request, timeout=self._timeout, metadata=metadata)
+            except grpc.RpcError as error:
+                raise failure(error, url, method, self._timeout) from None
 
         return self._endpoints.call(attempt, f"etcd {method}")
+
+    def _metadata(self, index: int, stub: _KvStub, url: str, fresh: bool = False) -> tuple[tuple[str, str], ...]:
+        """The metadata a call to endpoint `index` carries: etcd's auth token where ETCD_USERNAME
+        is set (fetched on first use, and again when etcd no longer takes it), else none. A
+        server whose authentication is off takes calls without a token, as etcd's own client does."""
+        if not self._config.etcd_username:
+            return ()
+        with self._lock:
+            known = self._tokens.get(index)
+        if known is not None and not fresh:
+            return known
+        asked = rpc_pb2.AuthenticateRequest(name=self._config.etcd_username, password=self._config.etcd_password.value)
+        try:
+            token = stub.Authenticate(asked, timeout=self._timeout).token
+        except grpc.RpcError as error:
+            said = (error.details() if isinstance(error, grpc.Call) else "") or ""
+            if "authentication is not enabled" in said:
+                token = ""
+            elif "authentication failed" in said:
+                raise Final(
+                    f"etcd at {url} refused user {self._config.etcd_username!r}: {one_line(said)}; check "
+                    "ETCD_USERNAME and ETCD_PASSWORD",
+                    "unauthorized",
+                ) from None
+            else:
+                raise failure(error, url, "Authenticate", self._timeout) from None
+        metadata = (("token", token),) if token else ()
+        with self._lock:
+            self._tokens[index] = metadata
+        return metadata
 
     def range(self, key: bytes, end: bytes, limit: int, revision: int, keys_only: bool = False) -> tuple[Any, int]:
         """Keys from `key` to `end` (b"": `key` alone) at `revision` (0: now): etcd's RangeResponse,

@@ -13,7 +13,15 @@ from typing import Any
 
 import requests
 
-from job.adapters.datastores.failover import ENDPOINTS_HINT, TLS_HINT, Endpoints, Final, Transient, check_tls_files
+from job.adapters.datastores.failover import (
+    AUTH_HINT,
+    ENDPOINTS_HINT,
+    TLS_HINT,
+    Endpoints,
+    Final,
+    Transient,
+    check_tls_files,
+)
 from job.adapters.retry import RetryPolicy, network_reason, one_line
 from job.config import Config
 
@@ -72,6 +80,8 @@ class EtcdHttp:
             session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace the etcd CA
             session.verify = self._verify
             session.cert = self._cert
+            if self._config.etcd_username:  # etcd v2's own users: HTTP basic authentication
+                session.auth = (self._config.etcd_username, self._config.etcd_password.value)
             self._local.session = session
             with self._lock:
                 self._sessions.append(session)
@@ -125,7 +135,7 @@ class EtcdHttp:
                 raise Transient(f"etcd at {url}: HTTP {response.status_code} {message}")
             if response.status_code in (401, 403):
                 raise Final(
-                    f"etcd at {url} refused the request (HTTP {response.status_code}: {message}); {TLS_HINT}",
+                    f"etcd at {url} refused the request (HTTP {response.status_code}: {message}); {AUTH_HINT}",
                     "unauthorized",
                 )
             raise Final(f"etcd {method} {path}: HTTP {response.status_code} {message}", "bad_answer")

@@ -16,6 +16,7 @@ from job.config import Config
 T = TypeVar("T")
 ENDPOINTS_HINT = "check ETCD_ENDPOINTS (--etcd-endpoints)"
 TLS_HINT = "check ETCD_CA_CERT_FILE, ETCD_CERT_FILE and ETCD_KEY_FILE"
+AUTH_HINT = "check ETCD_USERNAME and ETCD_PASSWORD, or ETCD_CERT_FILE and ETCD_KEY_FILE"
 
 
 _KEY_HEADERS = (b"-----BEGIN PRIVATE KEY-----", b"-----BEGIN RSA PRIVATE KEY-----", b"-----BEGIN EC PRIVATE KEY-----")
