@@ -196,9 +196,11 @@ def test_a_kubernetes_api_answering_html_is_named(
 
 
 def test_401_says_unauthorized_and_names_the_credential(harness: Harness, capsys: pytest.CaptureFixture[str]) -> None:
+    """The kubeconfig's token is not the server's (revoked, or another cluster's): a real 401."""
     harness.seed(s.kops_cluster())
-    harness.kubeapi.fail("GET", "^/api/v1/nodes$", 401, times=10)
-    code, report = run_main(harness, capsys)
+    stale = harness.kubeapi.write_kubeconfig(harness.tmp / "stale-kubeconfig")
+    harness.kubeapi.token = "the-token-it-takes-now"
+    code, report = run_main(harness, capsys, KUBECONFIG=str(stale))
     error = only_error(report)
     assert code == 2 and error["kind"] == "unauthorized"
     assert "unauthorized (HTTP 401)" in error["message"] and "bearer token" in error["message"]

@@ -117,13 +117,15 @@ def test_the_test_server_refuses_a_field_it_has_no_number_for(kubeapi: KubeApiSe
     pod = objects.pod("shop", "odd-1", "n1", ("100.96.0.9",))
     pod["spec"]["aFieldOfANewerKubernetes"] = {"x": 1}
     kubeapi.put("/api/v1/namespaces/shop/pods", pod)
-    asked = requests.get(f"{kubeapi.url}/api/v1/pods", headers={"Accept": kube_protobuf.ACCEPT}, timeout=10)
+    asked = requests.get(
+        f"{kubeapi.url}/api/v1/pods", headers={"Accept": kube_protobuf.ACCEPT, **kubeapi.authorization}, timeout=10
+    )
     assert asked.status_code == 500 and asked.headers["Content-Type"] == PROTOBUF
     said = json.loads(kube_protobuf.status_json(asked.content) or "{}")
     assert "no protobuf number for PodSpec.aFieldOfANewerKubernetes" in said["message"]
     with pytest.raises(k8s_protobuf.Unencodable, match=r"podIPs: '100\.96\.0\.9' is not a list"):
         k8s_protobuf.message("PodStatus", {"podIPs": "100.96.0.9"})
-    assert requests.get(f"{kubeapi.url}/api/v1/pods", timeout=10).status_code == 200
+    assert requests.get(f"{kubeapi.url}/api/v1/pods", headers=kubeapi.authorization, timeout=10).status_code == 200
 
 
 def test_the_server_negotiates_as_the_real_one(kubeapi: KubeApiServer) -> None:
@@ -132,7 +134,7 @@ def test_the_server_negotiates_as_the_real_one(kubeapi: KubeApiServer) -> None:
     kubeapi.add_node("n1", "10.0.0.1")
 
     def get(path: str, accept: str) -> requests.Response:
-        return requests.get(kubeapi.url + path, headers={"Accept": accept}, timeout=10)
+        return requests.get(kubeapi.url + path, headers={"Accept": accept, **kubeapi.authorization}, timeout=10)
 
     assert get("/api/v1/nodes", kube_protobuf.ACCEPT).headers["Content-Type"] == PROTOBUF
     assert get("/api/v1/nodes", f"application/json, {PROTOBUF}").headers["Content-Type"] == "application/json"

@@ -60,7 +60,9 @@ UPSTREAM = [
 
 
 def table_page(server: KubeApiServer, query: str = "includeObject=None", accept: str = TABLE) -> requests.Response:
-    return requests.get(f"{server.url}/api/v1/pods?{query}", headers={"Accept": accept}, timeout=10)
+    return requests.get(
+        f"{server.url}/api/v1/pods?{query}", headers={"Accept": accept, **server.authorization}, timeout=10
+    )
 
 
 def each_pod(server: KubeApiServer, tmp: Path, one_ip_each: bool) -> dict[tuple[str, str], PodInfo]:
@@ -112,7 +114,9 @@ def test_the_server_serves_tables_of_pods_as_the_real_one(kubeapi: KubeApiServer
     whole = table_page(kubeapi, "includeObject=Object").json()["rows"][0]["object"]
     assert whole == kubeapi.get("/api/v1/namespaces/shop/pods", "cart-0")
     assert table_page(kubeapi, "includeObject=Everything").status_code == 400
-    nodes = requests.get(f"{kubeapi.url}/api/v1/nodes", headers={"Accept": f"{TABLE}, {PROTOBUF}"}, timeout=10)
+    nodes = requests.get(
+        f"{kubeapi.url}/api/v1/nodes", headers={"Accept": f"{TABLE}, {PROTOBUF}", **kubeapi.authorization}, timeout=10
+    )
     assert nodes.headers["Content-Type"] == PROTOBUF
     assert table_page(kubeapi, accept=f"{TABLE};q=1").status_code == 200
     kubeapi.serves_tables = False

@@ -22,7 +22,7 @@ def call(server: KubeApiServer, method: str, path: str, body: Any = None, **quer
     session = requests.Session()
     session.trust_env = False
     data = None if body is None else json.dumps(body)
-    return session.request(method, server.url + path, data=data, params=query, timeout=10)
+    return session.request(method, server.url + path, data=data, params=query, headers=server.authorization, timeout=10)
 
 
 def test_created_objects_get_what_the_real_server_assigns(kubeapi: KubeApiServer) -> None:
@@ -49,6 +49,17 @@ def test_created_objects_get_what_the_real_server_assigns(kubeapi: KubeApiServer
     again = call(kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web", changed).json()["metadata"]
     assert again["generation"] == 2 and again["uid"] == metadata["uid"]
     assert int(again["resourceVersion"]) > int(metadata["resourceVersion"])
+
+
+def test_a_request_without_the_servers_token_is_a_401_in_the_format_asked_for(kubeapi: KubeApiServer) -> None:
+    """As a server with anonymous requests off: no token, or another one, is refused first."""
+    for headers in ({}, {"Authorization": "Bearer another"}, {"Authorization": "test-token"}):
+        answer = requests.get(f"{kubeapi.url}/api/v1/nodes", headers=headers, timeout=10)
+        assert answer.status_code == 401 and answer.json()["reason"] == "Unauthorized"
+    asked = {"Accept": "application/vnd.kubernetes.protobuf, application/json", "Authorization": "Bearer x"}
+    answer = requests.get(f"{kubeapi.url}/api/v1/nodes", headers=asked, timeout=10)
+    assert answer.status_code == 401 and answer.content.startswith(b"k8s\x00")
+    assert call(kubeapi, "GET", "/api/v1/nodes").status_code == 200
 
 
 def test_lists_validate_their_options_and_select_pods_by_field(kubeapi: KubeApiServer) -> None:
@@ -597,9 +608,11 @@ def test_the_server_counts_the_bytes_it_encodes_per_format_and_resource(kubeapi:
     kubeapi.add_node("n1", "10.0.0.1")
     kubeapi.add_node("n2", "10.0.0.2")
     kubeapi.take_encoded_bytes()
-    nodes = requests.get(f"{kubeapi.url}/api/v1/nodes?limit=1", timeout=10)
-    one = requests.get(f"{kubeapi.url}/api/v1/nodes/n2", timeout=10)
-    missing = requests.get(f"{kubeapi.url}/api/v1/namespaces/default/pods/none", timeout=10)
+    nodes = requests.get(f"{kubeapi.url}/api/v1/nodes?limit=1", headers=kubeapi.authorization, timeout=10)
+    one = requests.get(f"{kubeapi.url}/api/v1/nodes/n2", headers=kubeapi.authorization, timeout=10)
+    missing = requests.get(
+        f"{kubeapi.url}/api/v1/namespaces/default/pods/none", headers=kubeapi.authorization, timeout=10
+    )
     assert (nodes.status_code, one.status_code, missing.status_code) == (200, 200, 404)
     assert kubeapi.take_encoded_bytes() == {
         "json /api/v1/nodes": len(nodes.content) + len(one.content),

@@ -45,6 +45,7 @@ from tests.support import builtin, crds, k8s_protobuf, k8s_table, objects
 
 REASONS = {
     400: "BadRequest",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "NotFound",
     406: "NotAcceptable",
@@ -176,6 +177,9 @@ class KubeApiServer:
     # The namespaces that exist: a create in any other is a 404, as NamespaceLifecycle answers it.
     # A new cluster has these four; `add_namespace` makes more, and a seed's namespace exists with it.
     namespaces: set[str] = field(default_factory=lambda: {"default", "kube-system", "kube-public", "kube-node-lease"})
+    # The bearer token every request must carry (the kubeconfig's, `write_kubeconfig`): any other,
+    # or none, is a 401, as a server with anonymous requests off (--anonymous-auth=false) answers.
+    token: str = "test-token"
     # False: JSON only, as an API server behind a proxy (or aggregator) that serves no protobuf.
     serves_protobuf: bool = True
     # False: no Tables either, as a proxy that passes only plain lists.
@@ -211,13 +215,18 @@ class KubeApiServer:
         assert self._server is not None
         return f"http://127.0.0.1:{self._server.server_port}"
 
+    @property
+    def authorization(self) -> dict[str, str]:
+        """The header a client of this server sends (tests that call it without the job)."""
+        return {"Authorization": f"Bearer {self.token}"}
+
     def write_kubeconfig(self, path: Path) -> Path:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "users": [{"name": "test", "user": {"token": self.token}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
         }
         path.write_text(json.dumps(config))
@@ -335,10 +344,14 @@ class KubeApiServer:
         return str(self._revision)
 
     def handle(
-        self, method: str, raw_path: str, body: bytes, agent: str = "", media: str = JSON
+        self, method: str, raw_path: str, body: bytes, agent: str = "", media: str = JSON, authorized: bool = True
     ) -> tuple[int, dict[str, Any] | str | bytes] | None:
         """The answer in `media` (negotiated), or None to drop the connection unanswered (the
-        client was killed). A protobuf answer is `Protobuf` bytes."""
+        client was killed). A protobuf answer is `Protobuf` bytes. A request without this
+        server's token (`authorized`) is a 401 before anything else, in the negotiated format."""
+        if not authorized:
+            unauthorized = status_body(401, "Unauthorized")
+            return 401, Protobuf(k8s_protobuf.answer(unauthorized)) if media == PROTOBUF else unauthorized
         path = urlsplit(raw_path).path
         action = None
         if (
@@ -825,8 +838,9 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else b""
             accept = self.headers.get("Accept") or ""
             media = negotiate(accept, urlsplit(self.path).path, api.serves_protobuf, api.serves_tables)
+            agent, authorized = self.headers.get("User-Agent") or "", self.headers.get("Authorization")
             answer = (
-                api.handle(self.command, self.path, body, self.headers.get("User-Agent") or "", media)
+                api.handle(self.command, self.path, body, agent, media, authorized == f"Bearer {api.token}")
                 if media
                 else (406, status_body(406, f"only the following media types are accepted: {JSON}, not {accept}"))
             )
