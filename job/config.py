@@ -723,6 +723,13 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
                 f"--exclude {pattern!r} (CALICO_GC_EXCLUDE): a comma outside a {{m,n}} quantifier matches no host "
                 "name; give one pattern per line (or repeat --exclude)"
             )
+    endpoints_given = args["etcd_endpoints"] is not None or bool(environ.get("ETCD_ENDPOINTS", "").strip())
+    if environ.get("ETCD_DISCOVERY_SRV") and not endpoints_given and datastore_type != "kubernetes":
+        # Calico's components may find etcd by DNS SRV records; unset, the job would try 127.0.0.1.
+        raise ConfigError(
+            "ETCD_DISCOVERY_SRV is set but calico-gc does not look up SRV records: set ETCD_ENDPOINTS "
+            "(--etcd-endpoints) to the endpoints those records name"
+        )
     if (
         args["etcd_endpoints"] is None
         and "ETCD_ENDPOINTS" in environ

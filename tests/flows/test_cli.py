@@ -261,6 +261,8 @@ def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.Ca
         ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "kubeconfig /no/such/kubeconfig is not usable"),
         ([], {"ETCD_ENDPOINTS": "http://[::1"}, "invalid etcd endpoint 'http://[::1'"),
         ([], {"ETCD_ENDPOINTS": " "}, "ETCD_ENDPOINTS is set but empty"),
+        ([], {"ETCD_DISCOVERY_SRV": "example.com"}, "ETCD_DISCOVERY_SRV is set but calico-gc does not look up SRV"),
+        ([], {"ETCD_DISCOVERY_SRV": "example.com", "ETCD_ENDPOINTS": ""}, "does not look up SRV records"),
         ([], {"ETCD_ENDPOINTS": "", "DATASTORE_TYPE": "etcdv2"}, "ETCD_ENDPOINTS is set but empty"),
         (["--grace-period", "5x"], {}, "--grace-period (CALICO_GC_GRACE_PERIOD): invalid duration '5x'"),
         ([], {"CALICO_GC_GRACE_PERIOD": "30"}, "--grace-period (CALICO_GC_GRACE_PERIOD): invalid duration '30'"),
