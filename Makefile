@@ -88,7 +88,7 @@ test-python-%:
 	echo "fast suite on $$($$interp --version)"; \
 	$(MAKE) --no-print-directory test-fast PYTHON=$$interp VENV=.venv-$*
 
-OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply examples/alerts
+OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply examples/alerts examples/etcd-user
 
 lint: $(STAMP) $(VENV)/checkov/.installed-$(CHECKOV_VERSION) $(HELM_STAMP) prometheus-tools
 	$(BIN)/ruff check job tests bench demo tools

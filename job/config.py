@@ -302,9 +302,16 @@ OPTIONS: tuple[Option, ...] = (
         "--etcd-username",
         "ETCD_USERNAME",
         None,
-        "etcd user, where etcd's own authentication is on (as Calico's ETCD_USERNAME); its password is "
-        "ETCD_PASSWORD, read from the environment only (a Secret), never a flag.",
+        "etcd user, where etcd's own authentication is on (as Calico's ETCD_USERNAME); its password comes "
+        "from --etcd-password-file, or from ETCD_PASSWORD in the environment (Calico's name), never a flag.",
         metavar="NAME",
+    ),
+    Option(
+        "--etcd-password-file",
+        "ETCD_PASSWORD_FILE",
+        None,
+        "File holding the etcd user's password (a mounted Secret; a final newline is not part of it).",
+        metavar="PATH",
     ),
     Option("--etcd-timeout", "CALICO_GC_ETCD_TIMEOUT", "10s", "Timeout of one etcd request.", metavar="DURATION"),
     Option(
@@ -669,6 +676,23 @@ def _readable(name: str, text: str | None) -> Path | None:
     return path
 
 
+def _password(value: str | None, file: str | None) -> str:
+    """The etcd user's password: ETCD_PASSWORD, or the file --etcd-password-file names (a mounted
+    Secret, which keeps it out of the process environment), less a final newline."""
+    if value and file:
+        raise ConfigError("give the etcd password once: ETCD_PASSWORD or --etcd-password-file (ETCD_PASSWORD_FILE)")
+    path = _readable("--etcd-password-file (ETCD_PASSWORD_FILE)", file)
+    if path is None:
+        return value or ""
+    try:
+        text = path.read_text().removesuffix("\n").removesuffix("\r")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--etcd-password-file (ETCD_PASSWORD_FILE): cannot read {file}: {error}") from None
+    if not text:
+        raise ConfigError(f"--etcd-password-file (ETCD_PASSWORD_FILE): {file} is empty")
+    return text
+
+
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Parse and validate everything; raise ConfigError with a one-line reason."""
     name = argv[0] if argv and argv[0] in COMMANDS else "run"
@@ -743,9 +767,15 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     cert, key = optional("etcd_cert_file"), optional("etcd_key_file")
     if bool(cert) != bool(key):
         raise ConfigError("ETCD_CERT_FILE and ETCD_KEY_FILE must be given together")
-    username, password = optional("etcd_username"), environ.get("ETCD_PASSWORD", "")
+    username, password = (
+        optional("etcd_username"),
+        _password(environ.get("ETCD_PASSWORD"), optional("etcd_password_file")),
+    )
     if bool(username) != bool(password):
-        raise ConfigError("ETCD_USERNAME (--etcd-username) and ETCD_PASSWORD must be given together")
+        raise ConfigError(
+            "ETCD_USERNAME (--etcd-username) and its password (ETCD_PASSWORD or --etcd-password-file) must be "
+            "given together"
+        )
     endpoints = parse_endpoints(text("etcd_endpoints"))
     etcd_timeout = duration("etcd_timeout")
     if etcd_timeout <= timedelta(0):

@@ -109,13 +109,20 @@ def test_the_calico_api_group_is_set_only_when_given() -> None:
     assert settings({"calicoApiGroup": "projectcalico.org/v3"})["CALICO_API_GROUP"] == "projectcalico.org/v3"
 
 
-def test_etcd_credentials_come_from_a_secret_only_when_one_is_named() -> None:
-    _, pod = pod_spec(helm_render())
-    assert not {"ETCD_USERNAME", "ETCD_PASSWORD"} & {e["name"] for e in pod["containers"][0]["env"]}
-    _, pod = pod_spec(helm_render({"etcd": {"credentialsSecret": "calico-etcd-user"}}))
-    env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    for name, key in (("ETCD_USERNAME", "username"), ("ETCD_PASSWORD", "password")):
-        assert env[name]["valueFrom"] == {"secretKeyRef": {"name": "calico-etcd-user", "key": key}}
+def test_the_etcd_user_is_a_setting_and_its_password_a_mounted_file_only_when_given() -> None:
+    docs = by_name(helm_render())
+    _, pod = pod_spec(list(docs.values()))
+    assert "ETCD_PASSWORD_FILE" not in {e["name"] for e in pod["containers"][0]["env"]}
+    assert "ETCD_USERNAME" not in docs[("ConfigMap", "calico-gc-config")]["data"]
+    docs = by_name(helm_render({"etcd": {"username": "calico-gc", "passwordSecret": "calico-gc-etcd-user"}}))
+    _, pod = pod_spec(list(docs.values()))
+    (container,) = pod["containers"]
+    assert docs[("ConfigMap", "calico-gc-config")]["data"]["ETCD_USERNAME"] == "calico-gc"
+    path = {e["name"]: e for e in container["env"]}["ETCD_PASSWORD_FILE"]["value"]
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
+    assert volume["secretName"] == "calico-gc-etcd-user" and mount["readOnly"]
+    assert volume["items"] == [{"key": "password", "path": path.rsplit("/", 1)[1]}]
 
 
 def test_the_image_is_the_app_version_and_every_run_is_a_dry_run_by_default() -> None:

@@ -254,8 +254,11 @@ def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.Ca
         ([], {"ETCD_ENDPOINTS": "etcd:2379"}, "invalid etcd endpoint"),
         ([], {"ETCD_ENDPOINTS": "https://user:pw@etcd:2379"}, "must not carry credentials"),
         ([], {"ETCD_CERT_FILE": "/etc/hostname"}, "must be given together"),
-        ([], {"ETCD_USERNAME": "calico"}, "ETCD_USERNAME (--etcd-username) and ETCD_PASSWORD must be given together"),
-        ([], {"ETCD_PASSWORD": "secret"}, "ETCD_USERNAME (--etcd-username) and ETCD_PASSWORD must be given together"),
+        ([], {"ETCD_USERNAME": "calico"}, "ETCD_USERNAME (--etcd-username) and its password (ETCD_PASSWORD or"),
+        ([], {"ETCD_PASSWORD": "secret"}, "ETCD_USERNAME (--etcd-username) and its password (ETCD_PASSWORD or"),
+        ([], {"ETCD_PASSWORD": "a", "ETCD_PASSWORD_FILE": "/etc/hostname"}, "give the etcd password once"),
+        ([], {"ETCD_USERNAME": "calico", "ETCD_PASSWORD_FILE": "/no/such"}, "ETCD_PASSWORD_FILE): cannot read"),
+        ([], {"ETCD_USERNAME": "calico", "ETCD_PASSWORD_FILE": "/dev/null"}, "ETCD_PASSWORD_FILE): cannot read"),
         ([], {"ETCD_CA_CERT_FILE": "/no/such/ca.pem"}, "ETCD_CA_CERT_FILE: cannot read"),
         ([], {"DATASTORE_TYPE": "consul"}, "DATASTORE_TYPE: expected one of etcdv3, etcdv2, kubernetes"),
         ([], {"KUBECONFIG": "/no/such/kubeconfig"}, "kubeconfig /no/such/kubeconfig is not usable"),
@@ -374,6 +377,17 @@ def test_exclude_from_the_environment_is_one_pattern_per_line() -> None:
     config = load([], {"CALICO_GC_EXCLUDE": "rr-.*\n bastion\n"})
     assert config.exclude == ("rr-.*", "bastion")
     assert config.is_excluded("rr-1") and config.is_excluded("bastion") and not config.is_excluded("bastion-2")
+
+
+def test_the_etcd_password_is_read_from_its_file_less_a_final_newline(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    config = load(["--etcd-username", "calico-gc", "--etcd-password-file", str(password)], {})
+    assert config.etcd_password.value == "s3cret" and config.etcd_username == "calico-gc"
+    for content in (b"", b"\n", b"\xff\xfe"):
+        password.write_bytes(content)
+        with pytest.raises(ConfigError, match="ETCD_PASSWORD_FILE"):
+            load(["--etcd-username", "calico-gc", "--etcd-password-file", str(password)], {})
 
 
 def test_readme_documents_every_flag_and_variable() -> None:
