@@ -466,6 +466,12 @@ class Kube:
                     "(POD_NAMESPACE) to the namespace the job runs in"
                 )
                 return KubeError(text, status, kind="config")
+            elif status in (400, 422) and method in ("POST", "PUT"):
+                text = (
+                    f"the API server refused what calico-gc wrote (HTTP {status}) {method} {path}: {message}; a bug "
+                    "in calico-gc, unless the cluster's rules for this object changed: please report it"
+                )
+                return KubeError(text, status, kind="invalid")
             else:
                 text = f"{method} {path}: HTTP {status} {message}"
             return Conflict(text) if status == 409 else KubeError(text, status)

@@ -231,6 +231,23 @@ def test_a_write_refused_by_admission_names_the_webhook_or_policy(
     assert denial["message"] in error["message"] and "RBAC" not in error["message"]
 
 
+def test_an_object_the_server_refuses_as_invalid_is_said_as_calico_gcs_bug(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not an unavailable server (exit 1 all the same): the server's words, and whose fault it is."""
+    harness.seed(s.kops_cluster())
+    said = (
+        'Lease.coordination.k8s.io "calico-gc" is invalid: spec.leaseDurationSeconds: Invalid value: 0: must be '
+        "greater than 0"
+    )
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": said}
+    harness.kubeapi.fail("POST", "/leases$", 422, body={**status, "reason": "Invalid", "code": 422})
+    code = main(["--grace-period", "0s", "--state-file", str(tmp_path / "s.json")], environment(harness, tmp_path))
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    assert code == 1 and error["kind"] == "invalid" and said in error["message"]
+    assert error["message"].startswith("the API server refused what calico-gc wrote (HTTP 422) POST /apis/coordination")
+
+
 def test_refused_run_exits_3(harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scenario = s.kops_cluster()
     scenario.k8s_nodes = []
