@@ -166,6 +166,9 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
         version=__version__,
         config=effective(config),
     )
+    plaintext = [e.url for e in config.etcd_endpoints if e.scheme == "http"]
+    if config.etcd_username and plaintext and config.datastore_type != "kubernetes":
+        log.warning("etcd_password_in_the_clear", endpoints=plaintext, effect="use https:// endpoints")
     try:
         code = _run_locked(config, deps, record)
     except Stopped as stop:

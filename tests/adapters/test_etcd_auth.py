@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from job.adapters.datastores.etcd_grpc import EtcdGrpc
 from job.config import Config, EtcdEndpoint, Secret, effective
@@ -44,9 +45,12 @@ def as_user(harness: Harness, user: str | None = USER, password: str = PASSWORD,
 def test_a_run_reads_and_deletes_as_its_etcd_user(own_etcd: EtcdServer, kubeapi: KubeApiServer, tmp_path: Path) -> None:
     harness = harness_on(own_etcd, kubeapi, tmp_path)
     own_etcd.enable_auth({USER: PASSWORD})
-    report, code = harness.run(as_user(harness, apply=True))
+    with capture_logs() as logs:
+        report, code = harness.run(as_user(harness, apply=True))
     assert code == 0 and report["errors"] == []
     assert hosts_by_name(report)[s.POD_ORPHAN]["action"] == "deleted"
+    (clear,) = [line for line in logs if line["event"] == "etcd_password_in_the_clear"]
+    assert clear["endpoints"] == [own_etcd.url], "a password sent to an http:// endpoint is said at start"
     again, code = harness.run(as_user(harness))
     assert code == 0 and s.POD_ORPHAN not in hosts_by_name(again)
 
