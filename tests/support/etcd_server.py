@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import requests
 from etcd3.etcdrpc import auth_pb2, rpc_pb2, rpc_pb2_grpc
+
+from job.adapters.datastores.etcdv3 import prefix_end
 
 START_TIMEOUT_S = 20.0
 ROOT_PASSWORD = "root-password"
@@ -233,29 +237,27 @@ class EtcdServer:
     def enable_auth(self, users: dict[str, str], prefix: str | None = "/calico/") -> None:
         """Authentication on: root, and each of `users` (name: password) with a role that may read
         and write `prefix`, or with no role at all (None)."""
-        auth = self._auth()
-        auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password=ROOT_PASSWORD))
-        auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"))
-        if prefix is not None:
-            end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-            permission = auth_pb2.Permission(
-                permType=auth_pb2.Permission.READWRITE, key=prefix.encode(), range_end=end.encode()
-            )
-            auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="calico"))
-            auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="calico", perm=permission))
-        for name, password in users.items():
-            auth.UserAdd(rpc_pb2.AuthUserAddRequest(name=name, password=password))
+        with self._auth() as auth:
+            auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password=ROOT_PASSWORD))
+            auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"))
             if prefix is not None:
-                auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user=name, role="calico"))
-        auth.AuthEnable(rpc_pb2.AuthEnableRequest())
+                readwrite = auth_pb2.Permission.READWRITE
+                permission = auth_pb2.Permission(permType=readwrite, key=prefix.encode(), range_end=prefix_end(prefix))
+                auth.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="calico"))
+                auth.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(name="calico", perm=permission))
+            for name, password in users.items():
+                auth.UserAdd(rpc_pb2.AuthUserAddRequest(name=name, password=password))
+                if prefix is not None:
+                    auth.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user=name, role="calico"))
+            auth.AuthEnable(rpc_pb2.AuthEnableRequest())
 
     def set_password(self, name: str, password: str) -> None:
         """A user's password set by root once authentication is on (the same one, say): etcd then
         refuses every token it gave that user (`invalid auth token`), as when a token expires."""
-        auth = self._auth()
-        token = auth.Authenticate(rpc_pb2.AuthenticateRequest(name="root", password=ROOT_PASSWORD)).token
-        request = rpc_pb2.AuthUserChangePasswordRequest(name=name, password=password)
-        auth.UserChangePassword(request, metadata=(("token", token),))
+        with self._auth() as auth:
+            token = auth.Authenticate(rpc_pb2.AuthenticateRequest(name="root", password=ROOT_PASSWORD)).token
+            request = rpc_pb2.AuthUserChangePasswordRequest(name=name, password=password)
+            auth.UserChangePassword(request, metadata=(("token", token),))
 
     def enable_v2_auth(self, user: str, password: str) -> None:
         """etcd v2's own authentication on (its /v2/auth API, Calico 2.x's keyspace): root, `user`
@@ -275,9 +277,12 @@ class EtcdServer:
             answer = session.put(f"{base}/{path}", json=body, auth=("root", ROOT_PASSWORD), timeout=10)
             assert answer.ok, (path, answer.status_code, answer.text)
 
-    def _auth(self) -> rpc_pb2_grpc.AuthStub:
+    @contextlib.contextmanager
+    def _auth(self) -> Iterator[rpc_pb2_grpc.AuthStub]:
+        """etcd's Auth service on a channel of its own, closed after."""
         assert self.tls is None, "plaintext members only"
-        return rpc_pb2_grpc.AuthStub(grpc.insecure_channel(f"127.0.0.1:{self.client_port}"))
+        with grpc.insecure_channel(f"127.0.0.1:{self.client_port}") as channel:
+            yield rpc_pb2_grpc.AuthStub(channel)
 
 
 class EtcdCluster:

@@ -155,7 +155,8 @@ def _sized_range(raw: bytes) -> tuple[Any, int]:
 
 class _KvStub:
     """etcd's KV service on one channel, called as the etcd3 package's generated stub calls it,
-    but with Range answering the RangeResponse and its size in bytes (_sized_range)."""
+    but with Range answering the RangeResponse and its size in bytes (_sized_range); and the
+    Auth service's Authenticate, for etcd's own users (EtcdGrpc._metadata)."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.Range = channel.unary_unary(
