@@ -291,6 +291,114 @@ def test_a_lease_is_admitted_as_the_real_server_admits_it(
         assert answer.status_code == 201, answer.json()
 
 
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
+EVENT = "/api/v1/namespaces/default/events"
+CONFIGMAP = "/api/v1/namespaces/calico-gc/configmaps"
+MICRO = '"2006-01-02T15:04:05.000000Z07:00"'
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "problem"),
+    [
+        # Accepted: what the job writes, nulls, a fraction a Time does not name, a field unknown here.
+        (LEASE, {"spec": {"leaseDurationSeconds": 15, "renewTime": "2026-12-04T10:00:00.123456Z"}}, None),
+        (
+            EVENT,
+            {"involvedObject": {"kind": "Node"}, "count": None, "firstTimestamp": "2026-12-04T10:00:00.5+01:00"},
+            None,
+        ),
+        (CONFIGMAP, {"data": {"a": "b"}, "binaryData": {"c": "YWJj"}, "newField": 1}, None),
+        (
+            LEASE,
+            {"spec": {"leaseDurationSeconds": "15"}},
+            "json: cannot unmarshal string into Go struct field LeaseSpec.spec.leaseDurationSeconds of type int32",
+        ),
+        (
+            LEASE,
+            {"spec": {"leaseTransitions": 1.5}},
+            "json: cannot unmarshal number 1.5 into Go struct field LeaseSpec.spec.leaseTransitions of type int32",
+        ),
+        (
+            LEASE,
+            {"spec": {"renewTime": "2026-12-04T10:00:00Z"}},
+            f'parsing time "2026-12-04T10:00:00Z" as {MICRO}: cannot parse "Z" as ".000000"',
+        ),
+        (
+            LEASE,
+            {"spec": {"acquireTime": "2026-12-04T10:00:00.123Z"}},
+            f'parsing time "2026-12-04T10:00:00.123Z" as {MICRO}: cannot parse ".123Z" as ".000000"',
+        ),
+        (
+            EVENT,
+            {"involvedObject": {"kind": "Node"}, "lastTimestamp": "2026-02-30T00:00:00Z"},
+            'parsing time "2026-02-30T00:00:00Z": day out of range',
+        ),
+        (
+            EVENT,
+            {"involvedObject": {"kind": "Node"}, "firstTimestamp": "2026-12-04 10:00:00Z"},
+            'parsing time "2026-12-04 10:00:00Z" as "2006-01-02T15:04:05Z07:00": cannot parse " 10:00:00Z" as "T"',
+        ),
+        (
+            EVENT,
+            {"involvedObject": {"kind": "Node"}, "eventTime": 1},
+            "json: cannot unmarshal number into Go struct field Event.eventTime of type string",
+        ),
+        (
+            EVENT,
+            {"involvedObject": "Node", "count": True},
+            "json: cannot unmarshal string into Go struct field Event.involvedObject of type v1.ObjectReference",
+        ),
+        (
+            CONFIGMAP,
+            {"data": {"a": 1}, "immutable": "true"},
+            "json: cannot unmarshal number into Go struct field ConfigMap.data of type string",
+        ),
+        (
+            CONFIGMAP,
+            {"metadata": {"labels": ["a"], "generation": "1"}},
+            "json: cannot unmarshal array into Go struct field ObjectMeta.metadata.labels of type map[string]string",
+        ),
+        (
+            CONFIGMAP,
+            {"metadata": {"finalizers": "a", "generation": 1.5}},
+            "json: cannot unmarshal string into Go struct field ObjectMeta.metadata.finalizers of type []string",
+        ),
+        (CONFIGMAP, {"binaryData": {"c": "YW%j"}}, "illegal base64 data at input byte 2"),
+    ],
+)
+def test_a_built_in_body_is_decoded_as_the_real_servers_typed_decoder_decodes_it(
+    kubeapi: KubeApiServer, path: str, body: dict[str, Any], problem: str | None
+) -> None:
+    """A field of the wrong JSON type, a time its layout does not parse (a Lease's are MicroTime:
+    six digits of fraction), bytes that are not base64: a 400 before anything else is checked, on
+    create and on update. The first type error is said; a time's stops the decoder at once."""
+    kind = {LEASE: "Lease", EVENT: "Event", CONFIGMAP: "ConfigMap"}[path]
+    sent = {**body, "metadata": {"name": "x", **body.get("metadata", {})}}
+    answer = call(kubeapi, "POST", path, sent)
+    if problem is None:
+        assert answer.status_code == 201, answer.json()
+        return
+    assert answer.status_code == 400 and answer.json()["reason"] == "BadRequest"
+    assert answer.json()["message"] == f'{kind} in version "v1" cannot be handled as a {kind}: {problem}'
+    created = call(kubeapi, "POST", path, {"metadata": {"name": "x"}, "involvedObject": {"kind": "Node"}}).json()
+    metadata = {**sent["metadata"], "resourceVersion": created["metadata"]["resourceVersion"]}
+    again = call(kubeapi, "PUT", f"{path}/x", {**sent, "metadata": metadata})
+    assert again.status_code == 400 and again.json()["message"].endswith(problem), "an update is decoded the same"
+
+
+def test_a_time_error_ends_the_decoding_and_a_type_error_does_not(kubeapi: KubeApiServer) -> None:
+    """Go's decoder keeps the first type error and goes on; a time's own UnmarshalJSON failing
+    ends it, and that error is the one said."""
+    sent = {"metadata": {"name": "x", "generation": "1"}, "spec": {"renewTime": "now"}}
+    answer = call(kubeapi, "POST", LEASE, sent)
+    assert answer.json()["message"].endswith(f'parsing time "now" as {MICRO}: cannot parse "now" as "2006"')
+    review = {"spec": {"resourceAttributes": {"verb": ["list"]}}}
+    answer = call(kubeapi, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+    field = "ResourceAttributes.spec.resourceAttributes.verb"
+    assert answer.status_code == 400
+    assert answer.json()["message"].endswith(f"cannot unmarshal array into Go struct field {field} of type string")
+
+
 def test_an_objects_namespace_is_the_requests(kubeapi: KubeApiServer) -> None:
     sent = {"metadata": {"name": "a", "namespace": "default"}}
     answer = call(kubeapi, "POST", "/api/v1/namespaces/kube-system/configmaps", sent)

@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from job.kube_syntax import Requirement, parse_selector, whole_number
-from tests.support import builtin, crds, k8s_protobuf, k8s_table, objects
+from tests.support import builtin, crds, k8s_protobuf, k8s_table, objects, typed
 
 REASONS = {
     400: "BadRequest",
@@ -423,6 +423,8 @@ class KubeApiServer:
                 return 400, status_body(400, "request body is not JSON")
             if not isinstance(payload, dict):
                 return 400, status_body(400, "the body of the request is not a JSON object")
+            if method in ("POST", "PUT") and crd is None and (problem := typed.decode_problem(plural, payload)):
+                return 400, status_body(400, problem)  # the typed decoder's: before admission (typed.py)
             try:
                 return self._serve(method, collection, plural, name, query, payload, crd, sub == "status", media)
             except crds.Invalid as error:
@@ -609,6 +611,8 @@ class KubeApiServer:
     def _access_review(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """As the real server: the review comes back with `status.allowed`; nothing is stored."""
         review = json.loads(body)
+        if problem := typed.decode_problem("selfsubjectaccessreviews", review):
+            return 400, status_body(400, problem)
         attributes = review.get("spec", {}).get("resourceAttributes", {})
         wanted = (attributes.get("verb"), attributes.get("resource"), attributes.get("name"))
         review["status"] = {"allowed": wanted not in self.denied}

@@ -1,0 +1,236 @@
+"""What the real API server's typed decoder refuses in a built-in kind's body, before admission or
+validation: a field whose JSON type is not its Go type, a time its layout does not parse, bytes
+that are not base64. A 400 BadRequest (`transformDecodeError`,
+`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go`):
+
+    <Kind> in version "<version>" cannot be handled as a <Kind>: <the decoder's first error>
+
+The decoder is Go's encoding/json as sigs.k8s.io/json forks it (case-sensitive): it goes through
+the body in order, keeps the first type error and goes on; a JSON null leaves any field unset; a
+key that names no field is a strict-decoding warning (the field is dropped) where this server
+keeps it, for a newer server may know it. The fields and their types come from the official
+client's models (generated from Kubernetes' OpenAPI), which keep neither an integer's width
+(INT64 lists the int64 fields of the kinds checked; the rest are int32) nor which times are
+MicroTime (MICRO_TIMES, from `k8s.io/api`'s types.go)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import re
+import types
+import typing
+from typing import Any
+
+from kubernetes.client.models.core_v1_event import CoreV1Event
+from kubernetes.client.models.v1_config_map import V1ConfigMap
+from kubernetes.client.models.v1_lease import V1Lease
+from kubernetes.client.models.v1_secret import V1Secret
+from kubernetes.client.models.v1_self_subject_access_review import V1SelfSubjectAccessReview
+from pydantic import BaseModel
+
+# The kinds whose bodies are decoded here: those the job writes (and a Secret, beside a ConfigMap).
+MODELS: dict[str, type[BaseModel]] = {
+    "events": CoreV1Event,
+    "leases": V1Lease,
+    "configmaps": V1ConfigMap,
+    "secrets": V1Secret,
+    "selfsubjectaccessreviews": V1SelfSubjectAccessReview,
+}
+INT64 = frozenset({("ObjectMeta", "generation"), ("ObjectMeta", "deletionGracePeriodSeconds")})
+MICRO_TIMES = frozenset(
+    {
+        ("Event", "eventTime"),
+        ("EventSeries", "lastObservedTime"),
+        ("LeaseSpec", "acquireTime"),
+        ("LeaseSpec", "renewTime"),
+    }
+)
+RFC3339 = "2006-01-02T15:04:05Z07:00"
+RFC3339_MICRO = "2006-01-02T15:04:05.000000Z07:00"
+
+
+class DecodeError(Exception):
+    """The decoder's error, in Go's words."""
+
+
+def go_name(model: type[BaseModel]) -> str:
+    """The Go struct a model is generated from: `CoreV1EventSeries` is `EventSeries`."""
+    return re.sub(r"^(?:[A-Z][a-z]+)*?V\d+(?:(?:alpha|beta)\d+)?", "", model.__name__)
+
+
+def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
+    """The 400's message for `body` written to `plural`, or None when the decoder takes it."""
+    model = MODELS.get(plural)
+    if model is None:
+        return None
+    decoder = _Decoder()
+    try:
+        decoder.struct(model, body, ())
+    except DecodeError as error:  # a type's own UnmarshalJSON failed: the decoder stops there
+        problem: DecodeError | None = error
+    else:
+        problem = decoder.saved
+    if problem is None:
+        return None
+    kind, api_version = body.get("kind"), body.get("apiVersion")
+    kind = kind if isinstance(kind, str) and kind else go_name(model)  # else the path's, as the server defaults it
+    version = (api_version if isinstance(api_version, str) else "").rpartition("/")[2] or "v1"
+    return f'{kind} in version "{version}" cannot be handled as a {go_name(model)}: {problem}'
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, float) and (not value.is_integer() or "e" in repr(value)):
+        return f"number {value!r}"  # a number no integer holds: Go names it
+    if isinstance(value, int | float):
+        return "number"
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), "value")
+
+
+def _type_error(value: Any, struct: str, path: tuple[str, ...], go_type: str) -> DecodeError:
+    shown = _json_type(value) if go_type.startswith(("int", "uint")) else _json_type(value).split(" ")[0]
+    field = ".".join(path)
+    return DecodeError(f"json: cannot unmarshal {shown} into Go struct field {struct}.{field} of type {go_type}")
+
+
+def _plain(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def _go_type(annotation: Any) -> str:
+    """A Go type's name as reflect prints it, for an element of a list or map."""
+    annotation = _plain(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"v1.{go_name(annotation)}"
+    return {str: "string", int: "int32", bool: "bool", float: "float64"}.get(annotation, "interface {}")
+
+
+class _Decoder:
+    """Go's decoder over one body: a type error is kept (the first) and the decoding goes on; an
+    error of a type's own UnmarshalJSON (a time, an int-or-string) is raised and ends it."""
+
+    def __init__(self) -> None:
+        self.saved: DecodeError | None = None
+
+    def save(self, error: DecodeError) -> None:
+        self.saved = self.saved or error
+
+    def struct(self, model: type[BaseModel], body: dict[str, Any], path: tuple[str, ...]) -> None:
+        """Each field of `body` that `model` has, in the body's order."""
+        fields = {(info.serialization_alias or name): info.annotation for name, info in model.model_fields.items()}
+        for key, value in body.items():
+            if key in fields and value is not None:  # else a warning (unknown), or null: left unset
+                self.value(fields[key], value, go_name(model), (*path, key))
+
+    def value(self, annotation: Any, value: Any, struct: str, path: tuple[str, ...]) -> None:
+        """`value` decoded into the Go type the model's `annotation` stands for."""
+        annotation = _plain(annotation)
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if origin in (typing.Union, types.UnionType):
+            choices = [_plain(a) for a in args if a is not type(None)]
+            if choices == [int, str]:  # IntOrString: a string, else an int32 (its UnmarshalJSON)
+                if not isinstance(value, str) and (
+                    isinstance(value, bool) or not isinstance(value, int | float) or " " in _json_type(value)
+                ):
+                    raise _type_error(value, struct, path, "int32")
+            else:  # bytes or a string (binaryData): bytes
+                self.value(choices[0], value, struct, path)
+        elif origin is list or origin is dict:
+            if not isinstance(value, list if origin is list else dict):
+                go_type = f"[]{_go_type(args[0])}" if origin is list else f"map[string]{_go_type(args[1])}"
+                self.save(_type_error(value, struct, path, go_type))
+                return
+            for item in value if isinstance(value, list) else value.values():
+                if item is not None:
+                    self.value(args[-1], item, struct, path)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if isinstance(value, dict):
+                self.struct(annotation, value, path)
+            else:
+                self.save(_type_error(value, struct, path, f"v1.{go_name(annotation)}"))
+        elif annotation is datetime.datetime:  # metav1.Time and MicroTime read a string, then parse it
+            if not isinstance(value, str):
+                raise _type_error(value, struct, path, "string")
+            parse_time(value, RFC3339_MICRO if (struct, path[-1]) in MICRO_TIMES else RFC3339)
+        elif annotation is bytes:
+            if not isinstance(value, str):
+                self.save(_type_error(value, struct, path, "[]uint8"))
+            elif (at := _bad_base64_at(value)) is not None:
+                self.save(DecodeError(f"illegal base64 data at input byte {at}"))
+        elif annotation is int:
+            go_type = "int64" if (struct, path[-1]) in INT64 else "int32"
+            if isinstance(value, bool) or not isinstance(value, int | float) or " " in _json_type(value):
+                self.save(_type_error(value, struct, path, go_type))
+        elif annotation in (str, bool, float):
+            wanted: Any = int | float if annotation is float else annotation
+            if not isinstance(value, wanted) or (annotation is float and isinstance(value, bool)):
+                self.save(_type_error(value, struct, path, _go_type(annotation)))
+        # Anything else (a RawExtension, `object`) takes any JSON.
+
+
+def _bad_base64_at(text: str) -> int | None:
+    """Where Go's StdEncoding finds `text` is not base64 (padded, newlines skipped), or None."""
+    try:
+        base64.b64decode(text.replace("\r", "").replace("\n", ""), validate=True)
+        return None
+    except binascii.Error:
+        pass
+    alphabet = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+    bad = next((i for i, char in enumerate(text) if char not in alphabet and char not in "\r\n"), None)
+    return bad if bad is not None else len(text.rstrip("\r\n")) // 4 * 4
+
+
+# Go's time.Parse, for the two layouts a Kubernetes time has: each element of the layout, the
+# digits it takes (a fixed count, or one or two for the hour), and the range it must be in.
+_ELEMENTS: tuple[tuple[str, str, tuple[int, int] | None, str], ...] = (
+    ("2006", r"\d{4}", None, ""),
+    ("-", "-", None, ""),
+    ("01", r"\d{2}", (1, 12), "month"),
+    ("-", "-", None, ""),
+    ("02", r"\d{2}", None, ""),
+    ("T", "T", None, ""),
+    ("15", r"\d{1,2}", (0, 23), "hour"),
+    (":", ":", None, ""),
+    ("04", r"\d{2}", (0, 59), "minute"),
+    (":", ":", None, ""),
+    ("05", r"\d{2}", (0, 59), "second"),
+)
+
+
+_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def parse_time(text: str, layout: str) -> None:
+    """Raise DecodeError as Go's time.Parse(layout, text) fails, in its words."""
+    rest, numbers = text, []
+    for element, pattern, bounds, name in _ELEMENTS:
+        found = re.match(pattern, rest)
+        if found is None:
+            raise DecodeError(f'parsing time "{text}" as "{layout}": cannot parse "{rest}" as "{element}"')
+        rest = rest[found.end() :]
+        if pattern.startswith("\\d"):
+            numbers.append(int(found.group()))
+            if bounds is not None and not bounds[0] <= numbers[-1] <= bounds[1]:
+                raise DecodeError(f'parsing time "{text}": {name} out of range')
+    if layout == RFC3339_MICRO:
+        if re.match(r"[.,]\d{6}", rest) is None:
+            raise DecodeError(f'parsing time "{text}" as "{layout}": cannot parse "{rest}" as ".000000"')
+        rest = rest[7:]
+    elif (fraction := re.match(r"[.,]\d+", rest)) is not None:
+        rest = rest[fraction.end() :]  # a fraction the layout does not name is taken
+    zone = re.match(r"Z|[+-]\d{2}:\d{2}", rest)
+    if zone is None:
+        raise DecodeError(f'parsing time "{text}" as "{layout}": cannot parse "{rest}" as "Z07:00"')
+    rest = rest[zone.end() :]
+    if rest:
+        raise DecodeError(f'parsing time "{text}": extra text: "{rest}"')
+    year, month, day = numbers[0], numbers[1], numbers[2]
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if not 1 <= day <= (29 if month == 2 and leap else _DAYS[month - 1]):
+        raise DecodeError(f'parsing time "{text}": day out of range')
