@@ -406,6 +406,19 @@ def _missing_namespace(error: ApiException) -> str | None:
     return str(details.get("name") or "") or None
 
 
+def _terminating_namespace(error: ApiException, path: str) -> str | None:
+    """The namespace a create was refused in because it is being deleted (NamespaceLifecycle
+    answers 403 with a NamespaceTerminating cause), else None."""
+    details = _status(error).get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if error.status != 403 or not isinstance(causes, list):
+        return None
+    if not any(isinstance(c, dict) and c.get("type") == "NamespaceTerminating" for c in causes):
+        return None
+    found = re.search(r"/namespaces/([^/]+)/", path)
+    return found.group(1) if found else None
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -456,6 +469,12 @@ class Kube:
                     "policy must let calico-gc write this (exempt its namespace or its service account)"
                 )
                 return KubeError(text, status, kind="admission")
+            elif namespace := _terminating_namespace(error, path):
+                text = (
+                    f'namespace "{namespace}" is being deleted ({method} {path}): nothing can be created in it; '
+                    "if calico-gc is being reinstalled, install it again once the namespace is gone"
+                )
+                return KubeError(text, status, kind="config")
             elif status == 403:
                 text = f"forbidden (HTTP 403) {method} {path}: {message}; grant it in the RBAC of manifests/base"
                 if "projectcalico.org/" in path:

@@ -183,6 +183,27 @@ def test_a_create_in_a_namespace_that_does_not_exist_is_a_404(kubeapi: KubeApiSe
     assert call(kubeapi, "POST", collection, {"metadata": {"name": "calico-gc"}}).status_code == 201
 
 
+def test_a_create_in_a_namespace_being_deleted_is_a_403_and_an_update_is_not(kubeapi: KubeApiServer) -> None:
+    """NamespaceLifecycle refuses only creates in a terminating namespace, naming the object (its
+    generateName before a name is generated) and the NamespaceTerminating cause."""
+    kubeapi.add_namespace("going")
+    created = call(kubeapi, "POST", "/apis/coordination.k8s.io/v1/namespaces/going/leases", {"metadata": {"name": "l"}})
+    kubeapi.terminating.add("going")
+    answer = call(kubeapi, "POST", "/apis/coordination.k8s.io/v1/namespaces/going/leases", {"metadata": {"name": "m"}})
+    assert answer.status_code == 403 and answer.json()["reason"] == "Forbidden"
+    assert answer.json()["message"] == (
+        'leases.coordination.k8s.io "m" is forbidden: '
+        "unable to create new content in namespace going because it is being terminated"
+    )
+    cause = {"type": "NamespaceTerminating", "message": "namespace going is being terminated"}
+    details = {"name": "m", "group": "coordination.k8s.io", "kind": "leases"}
+    assert answer.json()["details"] == {**details, "causes": [{**cause, "field": "metadata.namespace"}]}
+    named = call(kubeapi, "POST", "/api/v1/namespaces/going/events", event(NODE)).json()
+    assert named["message"].startswith('events "calico-gc-" is forbidden: ') and named["details"]["group"] == ""
+    updated = call(kubeapi, "PUT", "/apis/coordination.k8s.io/v1/namespaces/going/leases/l", created.json())
+    assert updated.status_code == 200, "an update in a terminating namespace is taken"
+
+
 def test_a_new_cluster_has_its_four_namespaces_and_a_seeds_namespace_exists_with_it(kubeapi: KubeApiServer) -> None:
     for namespace in ("default", "kube-system", "kube-public", "kube-node-lease"):
         assert call(kubeapi, "POST", f"/api/v1/namespaces/{namespace}/configmaps", {"metadata": {"name": "a"}}).ok

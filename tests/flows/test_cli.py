@@ -194,6 +194,23 @@ def test_a_namespace_that_does_not_exist_is_a_setting_to_fix_and_nothing_is_dele
     assert harness.dump() == before and report["summary"]["deleted"] == 0
 
 
+def test_a_namespace_being_deleted_is_said_as_such_not_as_rbac(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A create in a terminating namespace (an uninstall under way) is NamespaceLifecycle's 403,
+    not a missing RBAC grant: one line naming the namespace, exit 2, nothing deleted."""
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    harness.kubeapi.terminating.add("calico-gc")
+    env = environment(harness, tmp_path, CALICO_GC_APPLY="true")
+    code = main(["--grace-period", "0s", "--state-file", str(tmp_path / "s.json")], env)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 2 and report["errors"][0]["kind"] == "config"
+    assert report["errors"][0]["message"].startswith('namespace "calico-gc" is being deleted (POST /apis/')
+    assert "RBAC" not in report["errors"][0]["message"]
+    assert harness.dump() == before and report["summary"]["deleted"] == 0
+
+
 WEBHOOK_DENIAL = {  # as Gatekeeper answers, through the API server's webhook errors
     "status": 403,
     "reason": "Forbidden",

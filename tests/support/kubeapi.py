@@ -177,6 +177,8 @@ class KubeApiServer:
     # The namespaces that exist: a create in any other is a 404, as NamespaceLifecycle answers it.
     # A new cluster has these four; `add_namespace` makes more, and a seed's namespace exists with it.
     namespaces: set[str] = field(default_factory=lambda: {"default", "kube-system", "kube-public", "kube-node-lease"})
+    # Namespaces being deleted (`status.phase: Terminating`): a create in one is NamespaceLifecycle's 403.
+    terminating: set[str] = field(default_factory=set)
     # The bearer token every request must carry (the kubeconfig's, `write_kubeconfig`): any other,
     # or none, is a 401, as a server with anonymous requests off (--anonymous-auth=false) answers.
     token: str = "test-token"
@@ -464,6 +466,8 @@ class KubeApiServer:
             # NamespaceLifecycle, an admission plugin: it answers before the object is validated.
             missing = {"name": namespace, "kind": "namespaces"}
             return 404, status_body(404, f'namespaces "{namespace}" not found', missing)
+        if method == "POST" and namespace in self.terminating and name is None:
+            return 403, self._terminating(collection, plural, payload)
         if method in ("POST", "PUT") and plural in ("configmaps", "secrets"):
             size = sum(len(str(v)) for v in (payload.get("data") or {}).values())
             size += sum(len(base64.b64decode(v)) for v in (payload.get("binaryData") or {}).values())
@@ -557,6 +561,21 @@ class KubeApiServer:
             yield from crds.name_causes(metadata)
         if collection == f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases":
             yield from builtin.lease_causes(obj)
+
+    @staticmethod
+    def _terminating(collection: str, plural: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """NamespaceLifecycle's refusal of a create in a namespace being deleted: admission's
+        Forbidden for the object (its name, else its generateName: none is generated yet) with a
+        NamespaceTerminating cause (`.../admission/plugin/namespace/lifecycle/admission.go`)."""
+        namespace = _namespace_of(collection)
+        metadata = payload.get("metadata") or {}
+        name = str(metadata.get("name") or metadata.get("generateName") or "Unknown")
+        group = collection.split("/")[2] if collection.startswith("/apis/") else ""
+        resource = f"{plural}.{group}" if group else plural
+        message = f"unable to create new content in namespace {namespace} because it is being terminated"
+        cause = {"type": "NamespaceTerminating", "message": f"namespace {namespace} is being terminated"}
+        details = {"name": name, "group": group, "kind": plural, "causes": [{**cause, "field": "metadata.namespace"}]}
+        return status_body(403, f'{resource} "{name}" is forbidden: {message}', details)
 
     def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
         """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
