@@ -407,6 +407,15 @@ def test_a_built_in_body_is_decoded_as_the_real_servers_typed_decoder_decodes_it
     assert again.status_code == 400 and again.json()["message"].endswith(problem), "an update is decoded the same"
 
 
+def test_a_seed_the_typed_decoder_refuses_fails_the_test(kubeapi: KubeApiServer) -> None:
+    """A test cannot hold the job to a Lease no real server would store."""
+    held = {"metadata": {"name": "calico-gc"}, "spec": {"holderIdentity": "other", "renewTime": "2026-12-04T10:00:00Z"}}
+    with pytest.raises(AssertionError, match='would refuse this seed: Lease in version "v1" cannot be handled'):
+        kubeapi.put(LEASE, held)
+    held["spec"]["renewTime"] = "2026-12-04T10:00:00.000000Z"
+    assert kubeapi.put(LEASE, held)["metadata"]["resourceVersion"]
+
+
 def test_a_time_error_ends_the_decoding_and_a_type_error_does_not(kubeapi: KubeApiServer) -> None:
     """Go's decoder keeps the first type error and goes on; a time's own UnmarshalJSON failing
     ends it, and that error is the one said."""
