@@ -340,6 +340,17 @@ MICRO = '"2006-01-02T15:04:05.000000Z07:00"'
             "json: cannot unmarshal number 1.5 into Go struct field LeaseSpec.spec.leaseTransitions of type int32",
         ),
         (
+            EVENT,
+            {"involvedObject": {"kind": "Node"}, "count": 3.0},
+            "json: cannot unmarshal number 3.0 into Go struct field Event.count of type int32",
+        ),
+        (
+            LEASE,
+            {"spec": {"leaseDurationSeconds": 2**31}},
+            "json: cannot unmarshal number 2147483648 into Go struct field LeaseSpec.spec.leaseDurationSeconds"
+            " of type int32",
+        ),
+        (
             LEASE,
             {"spec": {"renewTime": "2026-12-04T10:00:00Z"}},
             f'parsing time "2026-12-04T10:00:00Z" as {MICRO}: cannot parse "Z" as ".000000"',

@@ -6,7 +6,8 @@ that are not base64. A 400 BadRequest (`transformDecodeError`,
     <Kind> in version "<version>" cannot be handled as a <Kind>: <the decoder's first error>
 
 The decoder is Go's encoding/json as sigs.k8s.io/json forks it (case-sensitive): it goes through
-the body in order, keeps the first type error and goes on; a JSON null leaves any field unset; a
+the body in order, keeps the first type error and goes on, but stops at once where a type's own
+UnmarshalJSON fails (a time, an int-or-string); a JSON null leaves any field unset; a
 key that names no field is a strict-decoding warning (the field is dropped) where this server
 keeps it, for a newer server may know it. The fields and their types come from the official
 client's models (generated from Kubernetes' OpenAPI), which keep neither an integer's width
@@ -47,6 +48,7 @@ MICRO_TIMES = frozenset(
         ("LeaseSpec", "renewTime"),
     }
 )
+_BITS = {"int32": 32, "int64": 64}
 RFC3339 = "2006-01-02T15:04:05Z07:00"
 RFC3339_MICRO = "2006-01-02T15:04:05.000000Z07:00"
 
@@ -83,16 +85,17 @@ def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
 def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, float) and (not value.is_integer() or "e" in repr(value)):
-        return f"number {value!r}"  # a number no integer holds: Go names it
+    if isinstance(value, float):  # written with a point or an exponent: no Go integer reads it
+        return f"number {value!r}"
     if isinstance(value, int | float):
         return "number"
     names: dict[type, str] = {str: "string", list: "array", dict: "object"}
     return names.get(type(value), "value")
 
 
-def _type_error(value: Any, struct: str, path: tuple[str, ...], go_type: str) -> DecodeError:
-    shown = _json_type(value) if go_type.startswith(("int", "uint")) else _json_type(value).split(" ")[0]
+def _type_error(value: Any, struct: str, path: tuple[str, ...], go_type: str, shown: str = "") -> DecodeError:
+    """Go's UnmarshalTypeError; `shown` names the value where the JSON type alone does not."""
+    shown = shown or (_json_type(value) if go_type.startswith("int") else _json_type(value).split(" ")[0])
     field = ".".join(path)
     return DecodeError(f"json: cannot unmarshal {shown} into Go struct field {struct}.{field} of type {go_type}")
 
@@ -167,6 +170,8 @@ class _Decoder:
             go_type = "int64" if (struct, path[-1]) in INT64 else "int32"
             if isinstance(value, bool) or not isinstance(value, int | float) or " " in _json_type(value):
                 self.save(_type_error(value, struct, path, go_type))
+            elif not -(2 ** (_BITS[go_type] - 1)) <= value < 2 ** (_BITS[go_type] - 1):
+                self.save(_type_error(value, struct, path, go_type, f"number {int(value)}"))
         elif annotation in (str, bool, float):
             wanted: Any = int | float if annotation is float else annotation
             if not isinstance(value, wanted) or (annotation is float and isinstance(value, bool)):
