@@ -83,11 +83,12 @@ def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
 
 
 def _json_type(value: Any) -> str:
+    """How Go's decoder names a JSON value it cannot store."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, float):  # written with a point or an exponent: no Go integer reads it
         return f"number {value!r}"
-    if isinstance(value, int | float):
+    if isinstance(value, int):
         return "number"
     names: dict[type, str] = {str: "string", list: "array", dict: "object"}
     return names.get(type(value), "value")
@@ -101,6 +102,7 @@ def _type_error(value: Any, struct: str, path: tuple[str, ...], go_type: str, sh
 
 
 def _plain(annotation: Any) -> Any:
+    """The type inside pydantic's Annotated[...] (StrictStr is Annotated[str, Strict()])."""
     while typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
     return annotation
