@@ -407,8 +407,7 @@ class KubeApiServer:
             if method == "GET" and (parts.path == "/apis" or _DISCOVERY.match(parts.path)):
                 return self._discovery(parts.path)
             route = _ROUTE.match(parts.path)
-            group = parts.path.split("/")[2] if parts.path.startswith("/apis/") else ""
-            if route is None or group in self.uninstalled_groups:
+            if route is None or _group_of(parts.path) in self.uninstalled_groups:
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
             collection, name = route.group("collection"), route.group("name")
             plural = route.group("plural") or route.group("plural2")
@@ -471,7 +470,7 @@ class KubeApiServer:
             missing = {"name": namespace, "kind": "namespaces"}
             return 404, status_body(404, f'namespaces "{namespace}" not found', missing)
         if method == "POST" and namespace in self.terminating and name is None:
-            return 403, self._terminating(collection, plural, payload)
+            return 403, self._terminating(namespace, collection, plural, payload)
         if method in ("POST", "PUT") and plural in ("configmaps", "secrets"):
             size = sum(len(str(v)) for v in (payload.get("data") or {}).values())
             size += sum(len(base64.b64decode(v)) for v in (payload.get("binaryData") or {}).values())
@@ -487,8 +486,7 @@ class KubeApiServer:
             if not new_name:
                 return 400, status_body(400, "metadata.name or generateName is required")
             if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace))):
-                group = collection.split("/")[2] if collection.startswith("/apis/") else ""
-                raise crds.Invalid(kind, group, new_name, causes)
+                raise crds.Invalid(kind, _group_of(collection), new_name, causes)
             if new_name in items:
                 return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it
@@ -507,8 +505,7 @@ class KubeApiServer:
             return 200, current
         if method == "PUT":
             if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace, update=True))):
-                group = collection.split("/")[2] if collection.startswith("/apis/") else ""
-                raise crds.Invalid(kind, group, name, causes)
+                raise crds.Invalid(kind, _group_of(collection), name, causes)
             sent = (payload.get("metadata") or {}).get("resourceVersion")
             if sent != current["metadata"]["resourceVersion"]:
                 return 409, status_body(
@@ -567,14 +564,13 @@ class KubeApiServer:
             yield from builtin.lease_causes(obj)
 
     @staticmethod
-    def _terminating(collection: str, plural: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _terminating(namespace: str, collection: str, plural: str, payload: dict[str, Any]) -> dict[str, Any]:
         """NamespaceLifecycle's refusal of a create in a namespace being deleted: admission's
         Forbidden for the object (its name, else its generateName: none is generated yet) with a
         NamespaceTerminating cause (`.../admission/plugin/namespace/lifecycle/admission.go`)."""
-        namespace = _namespace_of(collection)
         metadata = payload.get("metadata") or {}
         name = str(metadata.get("name") or metadata.get("generateName") or "Unknown")
-        group = collection.split("/")[2] if collection.startswith("/apis/") else ""
+        group = _group_of(collection)
         resource = f"{plural}.{group}" if group else plural
         message = f"unable to create new content in namespace {namespace} because it is being terminated"
         cause = {"type": "NamespaceTerminating", "message": f"namespace {namespace} is being terminated"}
@@ -826,6 +822,11 @@ def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
             raise ValueError(f'"{name}" is not a known field selector: only "metadata.name", "metadata.namespace"')
         found.append((name, not negated, value))
     return found
+
+
+def _group_of(path: str) -> str:
+    """The API group of a request's path: "" for the core group (`/api/v1/...`)."""
+    return path.split("/")[2] if path.startswith("/apis/") else ""
 
 
 def _namespace_of(collection: str) -> str | None:

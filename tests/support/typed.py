@@ -140,9 +140,7 @@ class _Decoder:
         if origin in (typing.Union, types.UnionType):
             choices = [_plain(a) for a in args if a is not type(None)]
             if choices == [int, str]:  # IntOrString: a string, else an int32 (its UnmarshalJSON)
-                if not isinstance(value, str) and (
-                    isinstance(value, bool) or not isinstance(value, int | float) or " " in _json_type(value)
-                ):
+                if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, int)):
                     raise _type_error(value, struct, path, "int32")
             else:  # bytes or a string (binaryData): bytes
                 self.value(choices[0], value, struct, path)
@@ -170,7 +168,7 @@ class _Decoder:
                 self.save(DecodeError(f"illegal base64 data at input byte {at}"))
         elif annotation is int:
             go_type = "int64" if (struct, path[-1]) in INT64 else "int32"
-            if isinstance(value, bool) or not isinstance(value, int | float) or " " in _json_type(value):
+            if isinstance(value, bool) or not isinstance(value, int):  # a float was written with a point
                 self.save(_type_error(value, struct, path, go_type))
             elif not -(2 ** (_BITS[go_type] - 1)) <= value < 2 ** (_BITS[go_type] - 1):
                 self.save(_type_error(value, struct, path, go_type, f"number {int(value)}"))
