@@ -128,9 +128,8 @@ def seed_kdd(kubeapi: KubeApiServer, group: Group = V1) -> None:
 
 def snapshot(kubeapi: KubeApiServer, group: Group = V1) -> dict[str, dict[str, Any]]:
     return {
-        f"{collection.rsplit('/', 1)[-1]}/{name}": copy.deepcopy(obj)
-        for collection, objects in kubeapi.objects.items()
-        if collection.startswith(group.path)
+        f"{collection.rsplit('/', 1)[-1]}/{name}": obj
+        for collection, objects in kubeapi.copy_under(group.path).items()
         for name, obj in objects.items()
     }
 

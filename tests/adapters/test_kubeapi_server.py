@@ -103,6 +103,16 @@ LABELLED = {
 }
 
 
+def test_a_read_stores_nothing(kubeapi: KubeApiServer) -> None:
+    """A list or get of a collection that holds nothing leaves the server's store as it was: a
+    finished run's read still in flight must not change what a test is looking at."""
+    before = kubeapi.copy_under("/")
+    assert call(kubeapi, "GET", "/api/v1/namespaces/empty/pods").json()["items"] == []
+    assert call(kubeapi, "GET", "/api/v1/namespaces/empty/pods/none").status_code == 404
+    assert call(kubeapi, "GET", "/apis/coordination.k8s.io/v1/namespaces/empty/leases").status_code == 200
+    assert kubeapi.copy_under("/") == before
+
+
 @pytest.mark.parametrize(
     ("selector", "names"),
     [

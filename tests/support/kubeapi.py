@@ -285,6 +285,12 @@ class KubeApiServer:
         with self._lock:
             return self.objects.get(collection, {}).get(name)
 
+    def copy_under(self, prefix: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """A deep copy of every collection under `prefix`, taken under the server's lock: a read a
+        finished run left in flight (a daemon thread, run.py) may still be served while a test looks."""
+        with self._lock:
+            return {c: copy.deepcopy(objects) for c, objects in self.objects.items() if c.startswith(prefix)}
+
     def add_namespace(self, name: str) -> None:
         """A namespace created, as an operator or a chart creates the job's own before it runs."""
         with self._lock:
@@ -449,7 +455,7 @@ class KubeApiServer:
     ) -> tuple[int, Any]:
         """One request. With a status subresource (a CRD that declares it; core kinds always), a
         write of the object keeps its status and a write of `/status` changes only the status."""
-        items = self.objects.setdefault(collection, {})
+        items = self.objects.get(collection, {})  # a read stores nothing; a create stores through put()
         kind = KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
         if method == "GET" and name is None:
