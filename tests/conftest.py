@@ -98,7 +98,7 @@ def group(request: pytest.FixtureRequest, kubeapi: KubeApiServer) -> Group:
     chosen: Group = request.param
     if chosen is V3 and not crds.available():
         pytest.skip("Calico's v3 CRDs are not beside the checkout (../shared)")
-    kubeapi.crds = crds.calico(chosen.crd_file)
+    kubeapi.install(*crds.calico(chosen.crd_file))
     return chosen
 
 

@@ -485,6 +485,13 @@ class Kube:
                     "(POD_NAMESPACE) to the namespace the job runs in"
                 )
                 return KubeError(text, status, kind="config")
+            elif status == 400 and method in ("POST", "PUT") and "strict decoding error" in message:
+                text = (
+                    f"the API server does not know a field calico-gc wrote (HTTP 400) {method} {path}: {message}; "
+                    "nothing was written: the cluster's definition of this kind lacks it (are Calico's CRDs "
+                    "older than the Calico that wrote the data?)"
+                )
+                return KubeError(text, status, kind="invalid")
             elif status in (400, 422) and method in ("POST", "PUT"):
                 text = (
                     f"the API server refused what calico-gc wrote (HTTP {status}) {method} {path}: {message}; a bug "
@@ -525,6 +532,10 @@ class Kube:
         retry: bool = True,
         accept: str = JSON,
     ) -> bytes:
+        # A write names only fields the server knows, or is refused: by default a real server drops
+        # an unknown field with a warning, and a Calico object written so would be stored without it.
+        sent = {**(query or {}), "fieldValidation": "Strict"} if method in ("POST", "PUT") else query or {}
+
         def attempt() -> bytes:
             headers = {"Accept": accept}
             if body is not None:
@@ -532,7 +543,7 @@ class Kube:
             _, url, headers, payload, _ = self._api.param_serialize(
                 method=method,
                 resource_path=path,
-                query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                query_params=[(k, v) for k, v in sent.items() if v is not None],
                 header_params=headers,
                 body=body,
                 auth_settings=["BearerToken"],

@@ -11,7 +11,7 @@ from typing import Any
 
 from job.core.report import render_text
 from tests.conftest import Harness, hosts_by_name
-from tests.support import objects
+from tests.support import crds, objects
 from tests.support.calico import CalicoSeed
 from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
@@ -216,6 +216,25 @@ def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness, gro
     assert change["op"] == "delete" and json.loads(change["before"])["allocations"][5] is not None
     assert tombstones == [[None] * 64]
     assert harness.kubeapi.count("PUT", f"^{api}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
+
+
+def test_a_field_the_clusters_crd_does_not_have_is_refused_not_dropped(harness: Harness, group: Group) -> None:
+    """A cluster whose IPAMBlock CRD has no `deleted` (older than the Calico that wrote the data):
+    a real server, by default, drops the field with a warning, so the tombstone would be stored
+    unmarked and the block then deleted. The job writes with fieldValidation=Strict: the write is
+    refused, the run says which field, and the block is as it was."""
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.install(
+        *(crds.without_property(crd, "deleted") if crd.plural == "ipamblocks" else crd for crd in harness.kubeapi.crds)
+    )
+    block = copy.deepcopy(harness.kubeapi.get(f"{api}/ipamblocks", "100-96-9-0-26"))
+    report, code = harness.run(kdd(harness, apply=True))
+    gone = hosts_by_name(report)[GONE]
+    assert code == 4 and gone["action"] == "failed"
+    assert 'a IPAMBlock: strict decoding error: unknown field "spec.deleted"; nothing was written' in gone["error"]
+    assert harness.kubeapi.get(f"{api}/ipamblocks", "100-96-9-0-26") == block
+    assert harness.kubeapi.warned == []
 
 
 def test_grace_spans_runs_and_guards_refuse(harness: Harness, group: Group) -> None:

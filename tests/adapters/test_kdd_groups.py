@@ -30,7 +30,7 @@ MIGRATION_CRD = crds.Crd(
 
 
 def install(kubeapi: KubeApiServer, *groups: Group) -> None:
-    kubeapi.crds = crds.calico(*(g.crd_file for g in groups))
+    kubeapi.install(*crds.calico(*(g.crd_file for g in groups)))
 
 
 def test_both_groups_served_means_v1_as_calico_reads_it_unless_calico_api_group_says_v3(harness: Harness) -> None:
@@ -78,7 +78,7 @@ def test_a_group_that_is_not_served_is_named_with_its_setting(
 
 
 def test_a_group_served_without_some_of_calicos_kinds_is_named(harness: Harness) -> None:
-    harness.kubeapi.crds = tuple(c for c in crds.calico(V3.crd_file) if c.plural != "ipamhandles")
+    harness.kubeapi.install(*(c for c in crds.calico(V3.crd_file) if c.plural != "ipamhandles"))
     report, code = harness.run(kdd(harness))
     assert code == 2
     message = only_error(report)
@@ -104,7 +104,7 @@ def test_rbac_refusing_the_chosen_group_is_named(harness: Harness, group: Group)
 )
 def test_a_migration_between_the_groups_writes_to_neither(harness: Harness, phase: str | None, code: int) -> None:
     install(harness.kubeapi, V1, V3)
-    harness.kubeapi.crds = (*harness.kubeapi.crds, MIGRATION_CRD)
+    harness.kubeapi.install(*harness.kubeapi.crds, MIGRATION_CRD)
     seed_kdd(harness.kubeapi, V1)
     migration: dict[str, Any] = {"metadata": {"name": "v1-to-v3"}, "spec": {"type": "V1ToV3"}}
     if phase:

@@ -716,6 +716,76 @@ def test_unknown_fields_are_pruned_nulls_dropped_and_defaults_applied(kubeapi: K
     assert kubeapi.get(f"{CRD}/ipamblocks", "10-0-0-0-26") == stored
 
 
+UNKNOWN_KEYS = [
+    pytest.param(
+        f"{CRD}/ipamblocks",
+        {**block(attributes=[{"handle_id": "h", "colour": "blue"}], size=64), "status": {}},
+        ("spec", "attributes", 0, "colour"),
+        'IPAMBlock in version "v1" cannot be handled as a IPAMBlock',
+        ["spec.attributes[0].colour", "spec.size", "status"],
+        marks=needs_crds,
+        id="custom-resource",
+    ),
+    pytest.param(
+        LEASES.replace("/ns/", "/calico-gc/"),
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": "b",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u", "x": 1}],
+            },
+            "spec": {"holderIdentity": "run-1", "holder": "run-1"},
+        },
+        ("metadata", "ownerReferences", 0, "x"),
+        'Lease in version "v1" cannot be handled as a Lease',
+        ["metadata.ownerReferences[0].x", "spec.holder"],
+        id="built-in",
+    ),
+]
+
+
+@pytest.mark.parametrize(("collection", "body", "nested", "kind_said", "paths"), UNKNOWN_KEYS)
+def test_a_key_naming_no_field_is_dropped_and_warned_or_refused_as_field_validation_says(
+    kubeapi: KubeApiServer,
+    collection: str,
+    body: dict[str, Any],
+    nested: tuple[Any, ...],
+    kind_said: str,
+    paths: list[str],
+) -> None:
+    """A create's unknown keys (the strict decoder's paths, sorted): by default dropped with a
+    `Warning: 299` header each; `Ignore` drops them silently; `Strict` refuses the write with a 400."""
+    kubeapi.add_namespace("calico-gc")
+    strict = call(kubeapi, "POST", collection, body, fieldValidation="Strict")
+    said = ", ".join(f'unknown field "{path}"' for path in paths)
+    assert strict.status_code == 400 and strict.json()["reason"] == "BadRequest"
+    assert strict.json()["message"] == f"{kind_said}: strict decoding error: {said}"
+    assert not kubeapi.copy_under(collection), "nothing stored"
+    warned = call(kubeapi, "POST", collection, body)
+    assert warned.status_code == 201 and warned.raw.headers.getlist("Warning") == [
+        '299 - "unknown field \\"' + path + '\\""' for path in paths
+    ]
+    assert [text for _, _, text in kubeapi.warned] == [f'unknown field "{path}"' for path in paths]
+    stored = kubeapi.get(collection, body["metadata"]["name"])
+    assert stored is not None and "status" not in stored and "holder" not in stored.get("spec", {})
+    parent: Any = stored
+    for step in nested[:-1]:
+        parent = parent[step]
+    assert nested[-1] not in parent, "dropped where it was, the rest of its object kept"
+    assert call(kubeapi, "DELETE", f"{collection}/{body['metadata']['name']}").status_code == 200
+    quiet = call(kubeapi, "POST", collection, body, fieldValidation="Ignore")
+    assert quiet.status_code == 201 and "Warning" not in quiet.headers and len(kubeapi.warned) == len(paths)
+
+
+@needs_crds
+def test_a_crd_installed_again_prunes_what_is_stored_as_reads_from_storage_do(kubeapi: KubeApiServer) -> None:
+    kubeapi.put(f"{CRD}/ipamblocks", block(deleted=True))
+    kubeapi.install(*(crds.without_property(c, "deleted") if c.plural == "ipamblocks" else c for c in kubeapi.crds))
+    assert "deleted" not in call(kubeapi, "GET", f"{CRD}/ipamblocks/10-0-0-0-26").json()["spec"]
+    assert "deleted" not in call(kubeapi, "GET", f"{CRD}/ipamblocks").json()["items"][0]["spec"]
+
+
 @needs_crds
 def test_the_status_subresource_is_honoured_where_the_crd_declares_it(kubeapi: KubeApiServer) -> None:
     written = objects.calico_node_status("n1-status", "n1", ("10.0.0.2",))

@@ -49,7 +49,7 @@ def vm_address(
 
 
 def install_kubevirt(kubeapi: KubeApiServer) -> None:
-    kubeapi.crds = (*kubeapi.crds, *crds.KUBEVIRT)
+    kubeapi.install(*kubeapi.crds, *crds.KUBEVIRT)
 
 
 def virtual_machine(kubeapi: KubeApiServer, name: str, running: bool = False) -> None:

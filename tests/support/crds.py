@@ -26,7 +26,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -227,25 +227,50 @@ def _preserves(schema: dict[str, Any]) -> bool:
     return bool(schema.get("x-kubernetes-preserve-unknown-fields"))
 
 
-def _prune(schema: dict[str, Any], value: Any) -> Any:
+def without_property(crd: Crd, name: str) -> Crd:
+    """`crd` as an older release of it: its spec has no property `name`."""
+    schema = copy.deepcopy(crd.schema)
+    del schema["properties"]["spec"]["properties"][name]
+    return replace(crd, schema=schema)
+
+
+def pruned(crd: Crd, obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as its kind's schema prunes it; its apiVersion, kind and metadata as they are."""
+    head = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata")}
+    return {**head, **_prune(crd.schema, {k: v for k, v in obj.items() if k not in head})}
+
+
+def unknown_fields(crd: Crd, obj: dict[str, Any]) -> list[str]:
+    """The paths pruning drops from `obj` (its metadata aside), sorted, as the strict decoder
+    names them (`unknown field "<path>"`): keys joined by `.`, list items by `[i]`
+    (`.../schema/pruning/algorithm.go`, PruneWithOptions)."""
+    pruned: list[str] = []
+    _prune(crd.schema, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}, "", pruned)
+    return sorted(pruned)
+
+
+def _prune(schema: dict[str, Any], value: Any, at: str = "", pruned: list[str] | None = None) -> Any:
     """Unknown fields dropped, and nulls of non-nullable fields (apiextensions' pruning and
-    PruneNonNullableNullsWithoutDefaults)."""
+    PruneNonNullableNullsWithoutDefaults); the paths of the unknown ones go to `pruned`."""
     if isinstance(value, dict) and not schema.get("x-kubernetes-int-or-string"):
         properties = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
         kept: dict[str, Any] = {}
         for key, item in value.items():
             sub = properties.get(key) or (extra if isinstance(extra, dict) else None)
+            where = f"{at}.{key}" if at else key
             if sub is None:
                 if _preserves(schema):
                     kept[key] = item
+                elif pruned is not None:
+                    pruned.append(where)
                 continue
             if item is None and not sub.get("nullable"):
                 continue
-            kept[key] = _prune(sub, item)
+            kept[key] = _prune(sub, item, where, pruned)
         return kept
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        return [_prune(schema["items"], item) for item in value]
+        return [_prune(schema["items"], item, f"{at}[{i}]", pruned) for i, item in enumerate(value)]
     return value
 
 

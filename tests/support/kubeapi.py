@@ -189,6 +189,9 @@ class KubeApiServer:
     # Bytes of every answer body, per format and resource ("json /api/v1/pods"): what the server
     # had to encode, the proxy for what a run costs it (bench-kdd).
     encoded_bytes: Counter[str] = field(default_factory=Counter)
+    # Every warning answered (method, path, text), as `Warning: 299 - "<text>"` headers: a key a
+    # write names that its kind does not know, dropped (`fieldValidation` Warn, the default).
+    warned: list[tuple[str, str, str]] = field(default_factory=list)
     _encoded: dict[tuple[str, str], bytes] = field(default_factory=dict)
     _encoded_protobuf: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
     _rows: dict[tuple[str, str], tuple[tuple[str, str], bytes]] = field(default_factory=dict)
@@ -196,6 +199,7 @@ class KubeApiServer:
     _revision: int = 100
     _manager: str = "calico-gc-tests"  # the field manager of the request being served
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _answering: threading.local = field(default_factory=threading.local)  # the warnings of this thread's answer
     _server: ThreadingHTTPServer | None = None
 
     # Lifecycle
@@ -246,6 +250,8 @@ class KubeApiServer:
         plural = collection.rsplit("/", 1)[-1]
         if crd is None and not admitted and (problem := typed.decode_problem(plural, obj)):
             raise AssertionError(f"the real API server would refuse this seed: {problem}")
+        if crd is None and not admitted:
+            typed.unknown(plural, obj)  # a key naming no field is dropped, as by the decoder
         if crd is not None and not admitted:
             try:
                 stored = crds.admit(crd, obj, self._stored(collection, obj))
@@ -274,6 +280,20 @@ class KubeApiServer:
             if self.cache_lists:
                 self._encoded[(collection, metadata["name"])] = json.dumps(obj).encode()
             return obj
+
+    def install(self, *installed: crds.Crd) -> None:
+        """Serve these CRDs from now on, as an upgrade or a downgrade of them does: an object stored
+        before reads pruned by its kind's new schema, as the real server's storage decoder prunes
+        what it reads from etcd (`crdConversionRESTOptionsGetter`, customresource_handler.go).
+        Pruned here once, in storage: a field a later CRD brings back does not come back with it."""
+        with self._lock:
+            self.crds = installed
+            for collection, stored in self.objects.items():
+                if (crd := self.crd_of(collection)) is None:
+                    continue
+                for name, obj in stored.items():
+                    stored[name] = crds.pruned(crd, obj)
+                    self._encoded.pop((collection, name), None)
 
     def take_encoded_bytes(self) -> Counter[str]:
         """What the server encoded since the last call (`encoded_bytes`), counting anew from here."""
@@ -365,6 +385,7 @@ class KubeApiServer:
             unauthorized = status_body(401, "Unauthorized")
             return 401, Protobuf(k8s_protobuf.answer(unauthorized)) if media == PROTOBUF else unauthorized
         path = urlsplit(raw_path).path
+        self._answering.warnings = []
         action = None
         if (
             self.crd_writes is not None
@@ -408,8 +429,9 @@ class KubeApiServer:
                 if fault.method == method and fault.path.search(parts.path) and fault.times > 0:
                     fault.times -= 1
                     return fault.status, fault.body or status_body(fault.status, f"injected {fault.status}")
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
             if method == "POST" and parts.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
-                return self._access_review(body)
+                return self._access_review(body, query)
             if method == "GET" and (parts.path == "/apis" or _DISCOVERY.match(parts.path)):
                 return self._discovery(parts.path)
             route = _ROUTE.match(parts.path)
@@ -425,7 +447,6 @@ class KubeApiServer:
                 or (crd is None and sub not in (None, "log") and not (sub == "status" and plural in STATUS_OWNED))
             ):
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
-            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
             if sub == "log" and method == "GET":
                 return self._log(route.group("ns") or "", name or "", query)
             try:
@@ -434,8 +455,10 @@ class KubeApiServer:
                 return 400, status_body(400, "request body is not JSON")
             if not isinstance(payload, dict):
                 return 400, status_body(400, "the body of the request is not a JSON object")
-            if method in ("POST", "PUT") and crd is None and (problem := typed.decode_problem(plural, payload)):
-                return 400, status_body(400, problem)  # the typed decoder's: before admission (typed.py)
+            if method in ("POST", "PUT") and (
+                problem := self._decoded(method, parts.path, plural, payload, crd, query)
+            ):
+                return 400, status_body(400, problem)  # the decoder's: before admission (typed.py)
             try:
                 return self._serve(method, collection, plural, name, query, payload, crd, sub == "status", media)
             except crds.Invalid as error:
@@ -633,10 +656,38 @@ class KubeApiServer:
             "resources": resources,
         }
 
-    def _access_review(self, body: bytes) -> tuple[int, dict[str, Any]]:
+    def _decoded(
+        self, method: str, path: str, plural: str, payload: dict[str, Any], crd: crds.Crd | None, query: dict[str, str]
+    ) -> str | None:
+        """The decoder's 400, or None. A built-in kind is decoded into its type (typed.py); then a
+        key naming no field of the kind is dropped (a custom resource's by pruning, at admission),
+        and `fieldValidation` decides: `Strict` refuses the write, `Ignore` says nothing, and
+        `Warn` (the default) answers a warning per key. Not checked: a value other than those three
+        (a real server's 422 on the CreateOptions), duplicate keys (JSON here keeps the last)."""
+        if crd is None:
+            if problem := typed.decode_problem(plural, payload):
+                return problem
+            unknown, go_kind = typed.unknown(plural, payload), typed.go_kind(plural)
+        else:
+            unknown, go_kind = crds.unknown_fields(crd, payload), crd.kind
+        if unknown and query.get("fieldValidation") == "Strict":
+            return typed.strict_problem(payload, go_kind, unknown)
+        if query.get("fieldValidation") != "Ignore":
+            texts = [f'unknown field "{field}"' for field in unknown]
+            self._answering.warnings += texts
+            self.warned += [(method, path, text) for text in texts]
+        return None
+
+    def take_warnings(self) -> list[str]:
+        """The warnings of the answer this thread is making (`handle`), once."""
+        taken, self._answering.warnings = getattr(self._answering, "warnings", []), []
+        return list(taken)
+
+    def _access_review(self, body: bytes, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """As the real server: the review comes back with `status.allowed`; nothing is stored."""
         review = json.loads(body)
-        if problem := typed.decode_problem("selfsubjectaccessreviews", review):
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        if problem := self._decoded("POST", path, "selfsubjectaccessreviews", review, None, query):
             return 400, status_body(400, problem)
         attributes = review.get("spec", {}).get("resourceAttributes", {})
         wanted = (attributes.get("verb"), attributes.get("resource"), attributes.get("name"))
@@ -893,10 +944,13 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                 form, content_type = "json", JSON
             with api._lock:
                 api.encoded_bytes[f"{form} {_resource(self.path)}"] += len(data)
+            warnings = api.take_warnings()
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
+                for text in warnings:  # RFC 7234's warn-code 299, the text a quoted-string
+                    self.send_header("Warning", '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
                 if status == 429:
                     self.send_header("Retry-After", "1")
                 self.end_headers()

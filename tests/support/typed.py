@@ -7,9 +7,9 @@ that are not base64. A 400 BadRequest (`transformDecodeError`,
 
 The decoder is Go's encoding/json as sigs.k8s.io/json forks it (case-sensitive): it goes through
 the body in order, keeps the first type error and goes on, but stops at once where a type's own
-UnmarshalJSON fails (a time, an int-or-string); a JSON null leaves any field unset; a
-key that names no field is a strict-decoding warning (the field is dropped) where this server
-keeps it, for a newer server may know it. The fields and their types come from the official
+UnmarshalJSON fails (a time, an int-or-string); a JSON null leaves any field unset. A key that
+names no field is dropped, and said as `unknown field "<path>"` (list items indexed): a 400 under
+`fieldValidation=Strict`, a warning otherwise (`unknown`). The fields and their types come from the official
 client's models (generated from Kubernetes' OpenAPI), which keep neither an integer's width
 (INT64 lists the int64 fields of the kinds checked; the rest are int32) nor which times are
 MicroTime (MICRO_TIMES, from `k8s.io/api`'s types.go)."""
@@ -62,6 +62,11 @@ def go_name(model: type[BaseModel]) -> str:
     return re.sub(r"^(?:[A-Z][a-z]+)*?V\d+(?:(?:alpha|beta)\d+)?", "", model.__name__)
 
 
+def go_kind(plural: str) -> str:
+    """The Go type a resource's bodies are decoded into, or "" for one not decoded here."""
+    return go_name(MODELS[plural]) if plural in MODELS else ""
+
+
 def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
     """The 400's message for `body` written to `plural`, or None when the decoder takes it."""
     model = MODELS.get(plural)
@@ -69,17 +74,39 @@ def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
         return None
     decoder = _Decoder()
     try:
-        decoder.struct(model, body, ())
+        decoder.struct(model, body, (), "")
     except DecodeError as error:  # a type's own UnmarshalJSON failed: the decoder stops there
         problem: DecodeError | None = error
     else:
         problem = decoder.saved
-    if problem is None:
-        return None
+    return None if problem is None else cannot_be_handled(body, go_name(model), str(problem))
+
+
+def cannot_be_handled(body: dict[str, Any], go_kind: str, error: str) -> str:
+    """`transformDecodeError`'s message: the kind and version are the body's, else the path's."""
     kind, api_version = body.get("kind"), body.get("apiVersion")
-    kind = kind if isinstance(kind, str) and kind else go_name(model)  # else the path's, as the server defaults it
+    kind = kind if isinstance(kind, str) and kind else go_kind
     version = (api_version if isinstance(api_version, str) else "").rpartition("/")[2] or "v1"
-    return f'{kind} in version "{version}" cannot be handled as a {go_name(model)}: {problem}'
+    return f'{kind} in version "{version}" cannot be handled as a {go_kind}: {error}'
+
+
+def unknown(plural: str, body: dict[str, Any]) -> list[str]:
+    """The paths of `body`'s keys that name no field of its kind, dropped from it as the decoder
+    drops them; sorted. Call it on a body decode_problem takes."""
+    model = MODELS.get(plural)
+    if model is None:
+        return []
+    decoder = _Decoder()
+    decoder.struct(model, body, (), "")
+    for parent, key in decoder.unknown.values():
+        parent.pop(key, None)
+    return sorted(decoder.unknown)
+
+
+def strict_problem(body: dict[str, Any], go_kind: str, paths: list[str]) -> str:
+    """The 400 under `fieldValidation=Strict`: every unknown field, as a strict decoding error."""
+    said = ", ".join(f'unknown field "{path}"' for path in paths)
+    return cannot_be_handled(body, go_kind, f"strict decoding error: {said}")
 
 
 def _json_type(value: Any) -> str:
@@ -122,18 +149,23 @@ class _Decoder:
 
     def __init__(self) -> None:
         self.saved: DecodeError | None = None
+        self.unknown: dict[str, tuple[dict[str, Any], str]] = {}  # its path: where the key is
 
     def save(self, error: DecodeError) -> None:
         self.saved = self.saved or error
 
-    def struct(self, model: type[BaseModel], body: dict[str, Any], path: tuple[str, ...]) -> None:
-        """Each field of `body` that `model` has, in the body's order."""
+    def struct(self, model: type[BaseModel], body: dict[str, Any], path: tuple[str, ...], at: str) -> None:
+        """Each field of `body` that `model` has, in the body's order. `path` is the field path Go
+        names a type error by; `at` the strict decoder's, with list indexes."""
         fields = {(info.serialization_alias or name): info.annotation for name, info in model.model_fields.items()}
         for key, value in body.items():
-            if key in fields and value is not None:  # else a warning (unknown), or null: left unset
-                self.value(fields[key], value, go_name(model), (*path, key))
+            where = f"{at}.{key}" if at else key
+            if key not in fields:
+                self.unknown[where] = (body, key)
+            elif value is not None:  # null: left unset
+                self.value(fields[key], value, go_name(model), (*path, key), where)
 
-    def value(self, annotation: Any, value: Any, struct: str, path: tuple[str, ...]) -> None:
+    def value(self, annotation: Any, value: Any, struct: str, path: tuple[str, ...], at: str) -> None:
         """`value` decoded into the Go type the model's `annotation` stands for."""
         annotation = _plain(annotation)
         origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -143,18 +175,19 @@ class _Decoder:
                 if not isinstance(value, str) and (isinstance(value, bool) or not isinstance(value, int)):
                     raise _type_error(value, struct, path, "int32")
             else:  # bytes or a string (binaryData): bytes
-                self.value(choices[0], value, struct, path)
+                self.value(choices[0], value, struct, path, at)
         elif origin is list or origin is dict:
             if not isinstance(value, list if origin is list else dict):
                 go_type = f"[]{_go_type(args[0])}" if origin is list else f"map[string]{_go_type(args[1])}"
                 self.save(_type_error(value, struct, path, go_type))
                 return
-            for item in value if isinstance(value, list) else value.values():
+            items = enumerate(value) if isinstance(value, list) else value.items()
+            for index, item in items:
                 if item is not None:
-                    self.value(args[-1], item, struct, path)
+                    self.value(args[-1], item, struct, path, f"{at}[{index}]")
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             if isinstance(value, dict):
-                self.struct(annotation, value, path)
+                self.struct(annotation, value, path, at)
             else:
                 self.save(_type_error(value, struct, path, f"v1.{go_name(annotation)}"))
         elif annotation is datetime.datetime:  # metav1.Time and MicroTime read a string, then parse it
