@@ -89,6 +89,7 @@ def kubeapi() -> Iterator[KubeApiServer]:
     server.add_namespace("calico-gc")  # the job's own, as its chart and manifests create it
     yield server
     server.stop()
+    assert server.unconditional_writes == [], "every update carries the resourceVersion it was decided on"
 
 
 @pytest.fixture(params=[V1, V3], ids=["v1", "v3"])

@@ -705,6 +705,32 @@ def test_every_rule_in_calicos_crds_compiles_and_calls_what_is_given() -> None:
 
 
 @needs_crds
+def test_an_update_without_a_resource_version_is_unconditional_but_not_for_a_custom_resource(
+    kubeapi: KubeApiServer,
+) -> None:
+    """A built-in kind's strategy allows an unconditional update: it writes over whatever is
+    stored. A custom resource's does not: a 422 naming metadata.resourceVersion."""
+    kubeapi.add_namespace("shop")
+    created = call(kubeapi, "POST", "/api/v1/namespaces/shop/configmaps", {"metadata": {"name": "c"}}).json()
+    call(kubeapi, "PUT", "/api/v1/namespaces/shop/configmaps/c", {**created, "data": {"a": "1"}})  # moved on
+    blind = {"metadata": {"name": "c"}, "data": {"a": "2"}}
+    over = call(kubeapi, "PUT", "/api/v1/namespaces/shop/configmaps/c", blind)
+    assert over.status_code == 200 and over.json()["data"] == {"a": "2"}
+    assert kubeapi.unconditional_writes == [("/api/v1/namespaces/shop/configmaps", "c")]
+    kubeapi.unconditional_writes.clear()  # the fixture fails a test whose writes were unconditional
+    kubeapi.put(f"{CRD}/ipamblocks", block())
+    refused = call(kubeapi, "PUT", f"{CRD}/ipamblocks/10-0-0-0-26", block(deleted=True))
+    assert refused.status_code == 422 and refused.json()["message"] == (
+        'ipamblocks.crd.projectcalico.org "10-0-0-0-26" is invalid: metadata.resourceVersion: '
+        "Invalid value: 0x0: must be specified for an update"
+    )
+    assert (
+        refused.json()["details"]["kind"] == "ipamblocks"
+        and "deleted" not in kubeapi.get(f"{CRD}/ipamblocks", "10-0-0-0-26")["spec"]
+    )
+
+
+@needs_crds
 def test_unknown_fields_are_pruned_nulls_dropped_and_defaults_applied(kubeapi: KubeApiServer) -> None:
     sent = block(affinity=None, deleted=False, color="blue")
     sent["status"] = {"anything": 1}  # IPAMBlock (v1) has no status in its schema
