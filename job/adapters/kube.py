@@ -140,6 +140,8 @@ class UnreadableItem(ValueError):
 
 
 _ITEM_AT = re.compile(r"`\$\.items\[(\d+)\]([^`]*)`")
+# One warning of a `Warning` header (RFC 7234): a code, an agent, the text as a quoted-string.
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
 
 
 def _located(raw: bytes, said: str) -> ValueError:
@@ -439,6 +441,8 @@ class Kube:
         self._clock = clock
         self._groups: frozenset[str] | None = None
         self._groups_lock = threading.Lock()  # the datastore read and the Kubernetes read both ask
+        self._warned: set[str] = set()
+        self._warned_lock = threading.Lock()
 
     def request(
         self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
@@ -514,6 +518,18 @@ class Kube:
             "KUBECONFIG (in a pod: the kubernetes service)"
         )
 
+    def _heed(self, headers: list[str], method: str, path: str) -> None:
+        """Log each warning the server sends (a deprecated API version, say) once a run, with the
+        request that drew it first: kubectl and client-go show them; the official client drops them."""
+        for header in headers:
+            for quoted in _WARNING.findall(header):
+                text = re.sub(r"\\(.)", r"\1", quoted)
+                with self._warned_lock:
+                    if text in self._warned:
+                        continue
+                    self._warned.add(text)
+                log.warning("api_server_warning", warning=one_line(text, 300), request=f"{method} {path}")
+
     def _credential(self) -> str:
         """Which credential was used, never its value."""
         configuration = self._api.configuration
@@ -552,6 +568,7 @@ class Kube:
                 method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT_S
             )
             raw: bytes = response.read()
+            self._heed(response.headers.getlist("Warning"), method, path)
             if not 200 <= response.status <= 299:
                 said = kube_protobuf.status_json(raw) or raw.decode(errors="replace")
                 raise ApiException.from_response(http_resp=response, body=said, data=None)

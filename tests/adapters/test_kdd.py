@@ -4,10 +4,13 @@ per-node IPAM and config left behind by a deleted node, removed as Calico would;
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import json
 from datetime import timedelta
 from typing import Any
+
+from structlog.testing import capture_logs
 
 from job.core.report import render_text
 from tests.conftest import Harness, hosts_by_name
@@ -216,6 +219,22 @@ def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness, gro
     assert change["op"] == "delete" and json.loads(change["before"])["allocations"][5] is not None
     assert tombstones == [[None] * 64]
     assert harness.kubeapi.count("PUT", f"^{api}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
+
+
+def test_a_warning_the_server_sends_is_logged_once_a_run(harness: Harness, group: Group) -> None:
+    """A CRD version marked deprecated: the real server warns at every request to it, and the
+    official client drops the header. The job logs the warning once, with the request that drew it."""
+    said = f'{group.api_version} IPAMBlock is deprecated; use "another" (a test\'s own words)'
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.install(
+        *(dataclasses.replace(c, deprecation=said) if c.plural == "ipamblocks" else c for c in harness.kubeapi.crds)
+    )
+    with capture_logs() as logs:
+        report, code = harness.run(kdd(harness))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "would_delete"
+    assert len(harness.kubeapi.warned) >= 2, "every page of the blocks' list was warned"
+    (warned,) = [line for line in logs if line["event"] == "api_server_warning"]
+    assert warned["warning"] == said and warned["request"] == f"GET {group.path}/ipamblocks"
 
 
 def test_a_field_the_clusters_crd_does_not_have_is_refused_not_dropped(harness: Harness, group: Group) -> None:

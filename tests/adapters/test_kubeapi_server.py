@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -802,6 +803,25 @@ def test_a_key_naming_no_field_is_dropped_and_warned_or_refused_as_field_validat
     assert call(kubeapi, "DELETE", f"{collection}/{body['metadata']['name']}").status_code == 200
     quiet = call(kubeapi, "POST", collection, body, fieldValidation="Ignore")
     assert quiet.status_code == 201 and "Warning" not in quiet.headers and len(kubeapi.warned) == len(paths)
+
+
+def test_every_request_to_a_deprecated_crd_version_is_warned(kubeapi: KubeApiServer, tmp_path: Path) -> None:
+    """The CRD's own `deprecationWarning`, else the server's default words."""
+    versions = [
+        {"name": name, "served": True, "storage": name == "v2", "deprecated": True, **extra}
+        | {"schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}
+        for name, extra in (("v1", {}), ("v2", {"deprecationWarning": 'v2 is "old" too'}))
+    ]
+    names = {"plural": "widgets", "singular": "widget", "kind": "Widget"}
+    spec = {"group": "example.com", "names": names, "scope": "Cluster", "versions": versions}
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "spec": spec}
+    (tmp_path / "crd.yaml").write_text(json.dumps(crd))
+    kubeapi.install(*kubeapi.crds, *crds.load(tmp_path / "crd.yaml"))
+    listed = call(kubeapi, "GET", "/apis/example.com/v1/widgets")
+    assert listed.status_code == 200 and listed.headers["Warning"] == '299 - "example.com/v1 Widget is deprecated"'
+    created = call(kubeapi, "POST", "/apis/example.com/v2/widgets", {"metadata": {"name": "w"}})
+    assert created.status_code == 201 and created.headers["Warning"] == '299 - "v2 is \\"old\\" too"'
+    assert call(kubeapi, "GET", "/api/v1/nodes").headers.get("Warning") is None
 
 
 @needs_crds

@@ -93,6 +93,8 @@ class Crd:
     namespaced: bool
     status_subresource: bool
     schema: dict[str, Any] = field(repr=False, compare=False)
+    # A version marked `deprecated`: the warning every request to it is answered with.
+    deprecation: str | None = None
 
     @property
     def api_version(self) -> str:
@@ -155,9 +157,21 @@ def load(path: Path) -> tuple[Crd, ...]:
                     namespaced=spec["scope"] == "Namespaced",
                     status_subresource="status" in (version.get("subresources") or {}),
                     schema=version["schema"]["openAPIV3Schema"],
+                    deprecation=_deprecation(spec, version),
                 )
             )
     return tuple(found)
+
+
+def _deprecation(spec: dict[str, Any], version: dict[str, Any]) -> str | None:
+    """A deprecated version's warning: its own `deprecationWarning`, else the server's default
+    (`defaultDeprecationWarning`, customresource_handler.go), here without the `; use <newer
+    version>` the server adds where the CRD serves one (Calico's CRDs serve one version each)."""
+    if not version.get("deprecated"):
+        return None
+    return (
+        version.get("deprecationWarning") or f"{spec['group']}/{version['name']} {spec['names']['kind']} is deprecated"
+    )
 
 
 def calico(*files: str, directory: Path = SHARED) -> tuple[Crd, ...]:

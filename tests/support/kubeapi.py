@@ -195,7 +195,8 @@ class KubeApiServer:
     # job made one, since every write of the job is conditional.
     unconditional_writes: list[tuple[str, str]] = field(default_factory=list)
     # Every warning answered (method, path, text), as `Warning: 299 - "<text>"` headers: a key a
-    # write names that its kind does not know, dropped (`fieldValidation` Warn, the default).
+    # write names that its kind does not know, dropped (`fieldValidation` Warn, the default), and
+    # any request to a CRD version marked deprecated.
     warned: list[tuple[str, str, str]] = field(default_factory=list)
     _encoded: dict[tuple[str, str], bytes] = field(default_factory=dict)
     _encoded_protobuf: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
@@ -452,6 +453,8 @@ class KubeApiServer:
                 or (crd is None and sub not in (None, "log") and not (sub == "status" and plural in STATUS_OWNED))
             ):
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
+            if crd is not None and crd.deprecation:  # every request to a deprecated version is warned
+                self._warn(method, parts.path, [crd.deprecation])
             if sub == "log" and method == "GET":
                 return self._log(route.group("ns") or "", name or "", query)
             try:
@@ -683,10 +686,13 @@ class KubeApiServer:
         if unknown and query.get("fieldValidation") == "Strict":
             return typed.strict_problem(payload, go_kind, unknown)
         if query.get("fieldValidation") != "Ignore":
-            texts = [f'unknown field "{field}"' for field in unknown]
-            self._answering.warnings += texts
-            self.warned += [(method, path, text) for text in texts]
+            self._warn(method, path, [f'unknown field "{field}"' for field in unknown])
         return None
+
+    def _warn(self, method: str, path: str, texts: list[str]) -> None:
+        """Warnings for the answer this thread is making, each a `Warning: 299` header."""
+        self._answering.warnings += texts
+        self.warned += [(method, path, text) for text in texts]
 
     def take_warnings(self) -> list[str]:
         """The warnings of the answer this thread is making (`handle`), once."""
