@@ -152,12 +152,18 @@ def _located(raw: bytes, said: str) -> ValueError:
     except ValueError:
         page = None
     items = page.get("items") if isinstance(page, dict) else None
-    if found is None or not isinstance(items, list) or int(found[1]) >= len(items):
+    if found is None or not isinstance(page, dict) or not isinstance(items, list) or int(found[1]) >= len(items):
         return ValueError(said)
     item = items[int(found[1])]
     metadata = (item.get("metadata") if isinstance(item, dict) else None) or {}
     named = "/".join(str(metadata[k]) for k in ("namespace", "name") if isinstance(metadata, dict) and metadata.get(k))
-    kind = item.get("kind") if isinstance(item, dict) and item.get("kind") else "item"
+    own, listed = (item.get("kind") if isinstance(item, dict) else None), page.get("kind")
+    if isinstance(own, str) and own:
+        kind = own
+    elif isinstance(listed, str) and listed.endswith("List"):
+        kind = listed.removesuffix("List")  # a typed list's items carry no kind: the list does
+    else:
+        kind = "item"
     reason = said.split(" - at ", 1)[0]
     return UnreadableItem(f"{kind} {named or '#' + found[1]}: {found[2].lstrip('.') or 'the object'}: {reason}")
 

@@ -732,6 +732,23 @@ def test_an_update_without_a_resource_version_is_unconditional_but_not_for_a_cus
 
 
 @needs_crds
+def test_a_list_names_its_kind_and_a_typed_lists_items_carry_none(kubeapi: KubeApiServer) -> None:
+    """A built-in kind's list is encoded from Go's typed list: only the list says `kind` and
+    `apiVersion`. A custom resource's items, unstructured, keep theirs."""
+    kubeapi.add_node("n1")
+    kubeapi.put(f"{CRD}/ipamblocks", block())
+    nodes = call(kubeapi, "GET", "/api/v1/nodes").json()
+    assert (nodes["kind"], nodes["apiVersion"]) == ("NodeList", "v1")
+    assert "kind" not in nodes["items"][0] and "apiVersion" not in nodes["items"][0]
+    assert call(kubeapi, "GET", "/api/v1/nodes/n1").json()["kind"] == "Node", "one object says its kind"
+    blocks = call(kubeapi, "GET", f"{CRD}/ipamblocks").json()
+    assert (blocks["kind"], blocks["apiVersion"]) == ("IPAMBlockList", "crd.projectcalico.org/v1")
+    assert (blocks["items"][0]["kind"], blocks["items"][0]["apiVersion"]) == ("IPAMBlock", "crd.projectcalico.org/v1")
+    leases = call(kubeapi, "GET", LEASES).json()
+    assert (leases["kind"], leases["apiVersion"]) == ("LeaseList", "coordination.k8s.io/v1")
+
+
+@needs_crds
 def test_unknown_fields_are_pruned_nulls_dropped_and_defaults_applied(kubeapi: KubeApiServer) -> None:
     sent = block(affinity=None, deleted=False, color="blue")
     sent["status"] = {"anything": 1}  # IPAMBlock (v1) has no status in its schema

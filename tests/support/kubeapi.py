@@ -283,8 +283,8 @@ class KubeApiServer:
             metadata["managedFields"] = [*entries, entry]
             metadata["resourceVersion"] = self._next_revision()
             self.objects.setdefault(collection, {})[metadata["name"]] = obj
-            if self.cache_lists:
-                self._encoded[(collection, metadata["name"])] = json.dumps(obj).encode()
+            if self.cache_lists:  # as a list item (`_list`)
+                self._encoded[(collection, metadata["name"])] = json.dumps(_listed(obj, crd is None)).encode()
             return obj
 
     def install(self, *installed: crds.Crd) -> None:
@@ -487,10 +487,11 @@ class KubeApiServer:
         """One request. With a status subresource (a CRD that declares it; core kinds always), a
         write of the object keeps its status and a write of `/status` changes only the status."""
         items = self.objects.get(collection, {})  # a read stores nothing; a create stores through put()
-        kind = KINDS.get(plural, plural[:-1].capitalize())
+        kind = crd.kind if crd is not None else KINDS.get(plural, plural[:-1].capitalize())
         details = {"name": name, "kind": plural}
         if method == "GET" and name is None:
-            return self._list(self._listing(collection, plural), kind, query, plural, media)
+            api_version = crd.api_version if crd is not None else _api_version_of(collection)
+            return self._list(self._listing(collection, plural), kind, query, plural, media, api_version, crd is None)
         namespace = _namespace_of(collection)
         if method in ("POST", "PUT") and isinstance(payload.get("metadata"), dict):
             # The request's namespace is the object's (the create and update handlers, before admission).
@@ -740,8 +741,18 @@ class KubeApiServer:
         return found
 
     def _list(
-        self, listing: list[tuple[str, str, str]], kind: str, query: dict[str, str], plural: str, media: str = JSON
+        self,
+        listing: list[tuple[str, str, str]],
+        kind: str,
+        query: dict[str, str],
+        plural: str,
+        media: str = JSON,
+        api_version: str = "v1",
+        typed: bool = True,
     ) -> tuple[int, Any]:
+        """A page of `listing`. A built-in kind's list (`typed`) is encoded from Go's typed list:
+        its items carry no `apiVersion` or `kind`, only the list does; a custom resource's items,
+        unstructured, keep theirs."""
         token = query.get("continue")
         version, match = query.get("resourceVersion"), query.get("resourceVersionMatch")
         if match and not version:  # as the real server validates list options
@@ -791,7 +802,7 @@ class KubeApiServer:
             metadata["continue"] = base64.urlsafe_b64encode(json.dumps({"last": page[-1][0]}).encode()).decode()
             if not wanted and not fields:  # as the real server: unknown under a selector
                 metadata["remainingItemCount"] = len(listing) - position + 1
-        head = {"kind": f"{kind}List", "apiVersion": "v1", "metadata": metadata}
+        head = {"kind": f"{kind}List", "apiVersion": api_version, "metadata": metadata}
         if media == TABLE:
             include = query.get("includeObject") or "Metadata"
             if include not in k8s_table.INCLUDE_OBJECT:
@@ -804,8 +815,10 @@ class KubeApiServer:
             items = [self._protobuf(c, n, kind) for _, c, n in page]
             return 200, Protobuf(k8s_protobuf.listing(head["kind"], metadata, items))
         if not self.cache_lists:
-            return 200, {**head, "items": [self.objects[c][n] for _, c, n in page]}
-        encoded = [self._encoded.get((c, n)) or json.dumps(self.objects[c][n]).encode() for _, c, n in page]
+            return 200, {**head, "items": [_listed(self.objects[c][n], typed) for _, c, n in page]}
+        encoded = [
+            self._encoded.get((c, n)) or json.dumps(_listed(self.objects[c][n], typed)).encode() for _, c, n in page
+        ]
         return 200, json.dumps(head).encode()[:-1] + b', "items": [' + b", ".join(encoded) + b"]}"
 
     def _table_row(self, collection: str, name: str, include: str) -> bytes:
@@ -895,6 +908,17 @@ def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
             raise ValueError(f'"{name}" is not a known field selector: only "metadata.name", "metadata.namespace"')
         found.append((name, not negated, value))
     return found
+
+
+def _listed(obj: dict[str, Any], typed: bool) -> dict[str, Any]:
+    """An object as an item of its list: a typed list's items have no apiVersion or kind."""
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")} if typed else obj
+
+
+def _api_version_of(path: str) -> str:
+    """The API version of a request's path: `v1` for `/api/v1/...`, `<group>/<version>` else."""
+    parts = path.split("/")
+    return parts[2] if parts[1] == "api" else f"{parts[2]}/{parts[3]}"
 
 
 def _group_of(path: str) -> str:
