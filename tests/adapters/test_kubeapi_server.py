@@ -763,10 +763,14 @@ def test_unknown_fields_are_pruned_nulls_dropped_and_defaults_applied(kubeapi: K
 UNKNOWN_KEYS = [
     pytest.param(
         f"{CRD}/ipamblocks",
-        {**block(attributes=[{"handle_id": "h", "colour": "blue"}], size=64), "status": {}},
+        {
+            **block(attributes=[{"handle_id": "h", "colour": "blue"}], size=64),
+            "metadata": {"name": "10-0-0-0-26", "owner": "me"},
+            "status": {},
+        },
         ("spec", "attributes", 0, "colour"),
         'IPAMBlock in version "v1" cannot be handled as a IPAMBlock',
-        ["spec.attributes[0].colour", "spec.size", "status"],
+        ["metadata.owner", "spec.attributes[0].colour", "spec.size", "status"],
         marks=needs_crds,
         id="custom-resource",
     ),
@@ -813,6 +817,7 @@ def test_a_key_naming_no_field_is_dropped_and_warned_or_refused_as_field_validat
     assert [text for _, _, text in kubeapi.warned] == [f'unknown field "{path}"' for path in paths]
     stored = kubeapi.get(collection, body["metadata"]["name"])
     assert stored is not None and "status" not in stored and "holder" not in stored.get("spec", {})
+    assert "owner" not in stored["metadata"]
     parent: Any = stored
     for step in nested[:-1]:
         parent = parent[step]

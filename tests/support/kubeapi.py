@@ -683,7 +683,7 @@ class KubeApiServer:
                 return problem
             unknown, go_kind = typed.unknown(plural, payload), typed.go_kind(plural)
         else:
-            unknown, go_kind = crds.unknown_fields(crd, payload), crd.kind
+            unknown, go_kind = sorted(crds.unknown_fields(crd, payload) + typed.unknown_metadata(payload)), crd.kind
         if unknown and query.get("fieldValidation") == "Strict":
             return typed.strict_problem(payload, go_kind, unknown)
         if query.get("fieldValidation") != "Ignore":

@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes.client.models.core_v1_event import CoreV1Event
 from kubernetes.client.models.v1_config_map import V1ConfigMap
 from kubernetes.client.models.v1_lease import V1Lease
+from kubernetes.client.models.v1_object_meta import V1ObjectMeta
 from kubernetes.client.models.v1_secret import V1Secret
 from kubernetes.client.models.v1_self_subject_access_review import V1SelfSubjectAccessReview
 from pydantic import BaseModel
@@ -94,10 +95,19 @@ def unknown(plural: str, body: dict[str, Any]) -> list[str]:
     """The paths of `body`'s keys that name no field of its kind, dropped from it as the decoder
     drops them; sorted. Call it on a body decode_problem takes."""
     model = MODELS.get(plural)
-    if model is None:
-        return []
+    return [] if model is None else _dropped(model, body, "")
+
+
+def unknown_metadata(body: dict[str, Any]) -> list[str]:
+    """A custom resource's metadata keys that name no field of ObjectMeta, dropped (the server's
+    ObjectMeta coercion, apiextensions' schemaobjectmeta); sorted."""
+    metadata = body.get("metadata")
+    return _dropped(V1ObjectMeta, metadata, "metadata") if isinstance(metadata, dict) else []
+
+
+def _dropped(model: type[BaseModel], body: dict[str, Any], at: str) -> list[str]:
     decoder = _Decoder()
-    decoder.struct(model, body, (), "")
+    decoder.struct(model, body, (), at)
     for parent, key in decoder.unknown.values():
         parent.pop(key, None)
     return sorted(decoder.unknown)
