@@ -200,8 +200,7 @@ def admit(crd: Crd, obj: dict[str, Any], old: dict[str, Any] | None = None) -> d
     the stored object an update replaces (for CEL's transition rules)."""
     stored = copy.deepcopy(obj)
     name = str((stored.get("metadata") or {}).get("name") or "")
-    body = {k: v for k, v in stored.items() if k not in ("apiVersion", "kind", "metadata")}
-    body = _prune(crd.schema, body)
+    body = _prune(crd.schema, _body(stored))
     body = _default(crd.schema, body)
     head = {"apiVersion": stored.get("apiVersion") or crd.api_version, "kind": stored.get("kind") or crd.kind}
     admitted = {**head, "metadata": stored.get("metadata") or {}, **body}
@@ -250,17 +249,23 @@ def without_property(crd: Crd, name: str) -> Crd:
 
 def pruned(crd: Crd, obj: dict[str, Any]) -> dict[str, Any]:
     """`obj` as its kind's schema prunes it; its apiVersion, kind and metadata as they are."""
-    head = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "metadata")}
-    return {**head, **_prune(crd.schema, {k: v for k, v in obj.items() if k not in head})}
+    return {**{k: v for k, v in obj.items() if k in _HEAD}, **_prune(crd.schema, _body(obj))}
 
 
 def unknown_fields(crd: Crd, obj: dict[str, Any]) -> list[str]:
     """The paths pruning drops from `obj` (its metadata aside), sorted, as the strict decoder
     names them (`unknown field "<path>"`): keys joined by `.`, list items by `[i]`
     (`.../schema/pruning/algorithm.go`, PruneWithOptions)."""
-    pruned: list[str] = []
-    _prune(crd.schema, {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}, "", pruned)
-    return sorted(pruned)
+    paths: list[str] = []
+    _prune(crd.schema, _body(obj), "", paths)
+    return sorted(paths)
+
+
+_HEAD = ("apiVersion", "kind", "metadata")  # what a schema's pruning passes over at the root
+
+
+def _body(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in _HEAD}
 
 
 def _prune(schema: dict[str, Any], value: Any, at: str = "", pruned: list[str] | None = None) -> Any:

@@ -748,9 +748,9 @@ class KubeApiServer:
         plural: str,
         media: str = JSON,
         api_version: str = "v1",
-        typed: bool = True,
+        builtin: bool = True,
     ) -> tuple[int, Any]:
-        """A page of `listing`. A built-in kind's list (`typed`) is encoded from Go's typed list:
+        """A page of `listing`. A built-in kind's list (`builtin`) is encoded from Go's typed list:
         its items carry no `apiVersion` or `kind`, only the list does; a custom resource's items,
         unstructured, keep theirs."""
         token = query.get("continue")
@@ -815,9 +815,9 @@ class KubeApiServer:
             items = [self._protobuf(c, n, kind) for _, c, n in page]
             return 200, Protobuf(k8s_protobuf.listing(head["kind"], metadata, items))
         if not self.cache_lists:
-            return 200, {**head, "items": [_listed(self.objects[c][n], typed) for _, c, n in page]}
+            return 200, {**head, "items": [_listed(self.objects[c][n], builtin) for _, c, n in page]}
         encoded = [
-            self._encoded.get((c, n)) or json.dumps(_listed(self.objects[c][n], typed)).encode() for _, c, n in page
+            self._encoded.get((c, n)) or json.dumps(_listed(self.objects[c][n], builtin)).encode() for _, c, n in page
         ]
         return 200, json.dumps(head).encode()[:-1] + b', "items": [' + b", ".join(encoded) + b"]}"
 
@@ -910,9 +910,9 @@ def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
     return found
 
 
-def _listed(obj: dict[str, Any], typed: bool) -> dict[str, Any]:
-    """An object as an item of its list: a typed list's items have no apiVersion or kind."""
-    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")} if typed else obj
+def _listed(obj: dict[str, Any], builtin: bool) -> dict[str, Any]:
+    """An object as an item of its list: a built-in kind's (a typed list's) have no apiVersion or kind."""
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")} if builtin else obj
 
 
 def _api_version_of(path: str) -> str:

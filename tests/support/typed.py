@@ -8,9 +8,9 @@ that are not base64. A 400 BadRequest (`transformDecodeError`,
 The decoder is Go's encoding/json as sigs.k8s.io/json forks it (case-sensitive): it goes through
 the body in order, keeps the first type error and goes on, but stops at once where a type's own
 UnmarshalJSON fails (a time, an int-or-string); a JSON null leaves any field unset. A key that
-names no field is dropped, and said as `unknown field "<path>"` (list items indexed): a 400 under
-`fieldValidation=Strict`, a warning otherwise (`unknown`). The fields and their types come from the official
-client's models (generated from Kubernetes' OpenAPI), which keep neither an integer's width
+names no field is dropped, and said as `unknown field "<path>"` (list items indexed): a 400
+under `fieldValidation=Strict`, a warning otherwise (`unknown`). The fields and their types come
+from the official client's models (generated from Kubernetes' OpenAPI), which keep neither an integer's width
 (INT64 lists the int64 fields of the kinds checked; the rest are int32) nor which times are
 MicroTime (MICRO_TIMES, from `k8s.io/api`'s types.go)."""
 
@@ -106,6 +106,7 @@ def unknown_metadata(body: dict[str, Any]) -> list[str]:
 
 
 def _dropped(model: type[BaseModel], body: dict[str, Any], at: str) -> list[str]:
+    """The paths of `body`'s unknown keys (under `at`), each dropped where it is."""
     decoder = _Decoder()
     decoder.struct(model, body, (), at)
     for parent, key in decoder.unknown.values():
