@@ -226,9 +226,7 @@ def test_a_warning_the_server_sends_is_logged_once_a_run(harness: Harness, group
     official client drops the header. The job logs the warning once, with the request that drew it."""
     said = f'{group.api_version} IPAMBlock is deprecated; use "another" (a test\'s own words)'
     seed_kdd(harness.kubeapi, group)
-    harness.kubeapi.install(
-        *(dataclasses.replace(c, deprecation=said) if c.plural == "ipamblocks" else c for c in harness.kubeapi.crds)
-    )
+    harness.kubeapi.change_crd("ipamblocks", lambda crd: dataclasses.replace(crd, deprecation=said))
     with capture_logs() as logs:
         report, code = harness.run(kdd(harness))
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "would_delete"
@@ -244,9 +242,7 @@ def test_a_field_the_clusters_crd_does_not_have_is_refused_not_dropped(harness: 
     refused, the run says which field, and the block is as it was."""
     api = group.path
     seed_kdd(harness.kubeapi, group)
-    harness.kubeapi.install(
-        *(crds.without_property(crd, "deleted") if crd.plural == "ipamblocks" else crd for crd in harness.kubeapi.crds)
-    )
+    harness.kubeapi.change_crd("ipamblocks", lambda crd: crds.without_property(crd, "deleted"))
     block = copy.deepcopy(harness.kubeapi.get(f"{api}/ipamblocks", "100-96-9-0-26"))
     report, code = harness.run(kdd(harness, apply=True))
     gone = hosts_by_name(report)[GONE]

@@ -254,9 +254,9 @@ class KubeApiServer:
         decoded as the real server decodes it: a seed the real server would refuse fails."""
         crd = self.crd_of(collection)
         plural = collection.rsplit("/", 1)[-1]
-        if crd is None and not admitted and (problem := typed.decode_problem(plural, obj)):
-            raise AssertionError(f"the real API server would refuse this seed: {problem}")
         if crd is None and not admitted:
+            if problem := typed.decode_problem(plural, obj):
+                raise AssertionError(f"the real API server would refuse this seed: {problem}")
             typed.unknown(plural, obj)  # a key naming no field is dropped, as by the decoder
         if crd is not None and not admitted:
             try:
@@ -300,6 +300,10 @@ class KubeApiServer:
                 for name, obj in stored.items():
                     stored[name] = crds.pruned(crd, obj)
                     self._encoded.pop((collection, name), None)
+
+    def change_crd(self, plural: str, change: Callable[[crds.Crd], crds.Crd]) -> None:
+        """Install the CRD of `plural` as `change` makes it, the others as they are (`install`)."""
+        self.install(*(change(crd) if crd.plural == plural else crd for crd in self.crds))
 
     def take_encoded_bytes(self) -> Counter[str]:
         """What the server encoded since the last call (`encoded_bytes`), counting anew from here."""
