@@ -732,6 +732,45 @@ def test_an_update_without_a_resource_version_is_unconditional_but_not_for_a_cus
 
 
 @needs_crds
+def test_the_stores_errors_name_the_resource_with_its_group_and_a_deletes_preconditions_the_kind(
+    kubeapi: KubeApiServer,
+) -> None:
+    """NotFound, AlreadyExists and an update's Conflict name `<plural>.<group>` (the store's
+    qualifiedResource); a delete's preconditions are checked first by `rest.BeforeDelete`, which
+    names `<Kind>.<group>`, the UID before the resourceVersion."""
+    path = f"{CRD}/ipamblocks"
+    named = 'ipamblocks.crd.projectcalico.org "10-0-0-0-26"'
+    missing = call(kubeapi, "GET", f"{path}/10-0-0-0-26")
+    assert missing.status_code == 404 and missing.json()["message"] == f"{named} not found"
+    assert missing.json()["details"] == {"name": "10-0-0-0-26", "group": "crd.projectcalico.org", "kind": "ipamblocks"}
+    stored = kubeapi.put(path, block())
+    again = call(kubeapi, "POST", path, block())
+    assert (again.status_code, again.json()["reason"]) == (409, "AlreadyExists")
+    assert again.json()["message"] == f"{named} already exists"
+    stale = {**block(deleted=True), "metadata": {"name": "10-0-0-0-26", "resourceVersion": "1"}}
+    moved = call(kubeapi, "PUT", f"{path}/10-0-0-0-26", stale).json()["message"]
+    assert moved.startswith(f"Operation cannot be fulfilled on {named}: the object has been modified")
+    uid, version = stored["metadata"]["uid"], stored["metadata"]["resourceVersion"]
+    kind = 'Operation cannot be fulfilled on IPAMBlock.crd.projectcalico.org "10-0-0-0-26"'
+    for preconditions, said in (
+        (
+            {"uid": "other", "resourceVersion": "1"},
+            f"the UID in the precondition (other) does not match the UID in record ({uid}). "
+            "The object might have been deleted and then recreated",
+        ),
+        (
+            {"uid": uid, "resourceVersion": "1"},
+            f"the ResourceVersion in the precondition (1) does not match the ResourceVersion in record ({version}). "
+            "The object might have been modified",
+        ),
+    ):
+        refused = call(kubeapi, "DELETE", f"{path}/10-0-0-0-26", {"preconditions": preconditions})
+        assert refused.status_code == 409 and refused.json()["message"] == f"{kind}: {said}"
+        assert refused.json()["details"]["kind"] == "IPAMBlock"
+    assert kubeapi.get(path, "10-0-0-0-26") is not None
+
+
+@needs_crds
 def test_a_list_names_its_kind_and_a_typed_lists_items_carry_none(kubeapi: KubeApiServer) -> None:
     """A built-in kind's list is encoded from Go's typed list: only the list says `kind` and
     `apiVersion`. A custom resource's items, unstructured, keep theirs."""
@@ -746,6 +785,10 @@ def test_a_list_names_its_kind_and_a_typed_lists_items_carry_none(kubeapi: KubeA
     assert (blocks["items"][0]["kind"], blocks["items"][0]["apiVersion"]) == ("IPAMBlock", "crd.projectcalico.org/v1")
     leases = call(kubeapi, "GET", LEASES).json()
     assert (leases["kind"], leases["apiVersion"]) == ("LeaseList", "coordination.k8s.io/v1")
+    # A body that names neither (the decoder's defaults): one object still says both.
+    kubeapi.put(LEASES, {"metadata": {"name": "bare"}, "spec": {}})
+    bare = call(kubeapi, "GET", f"{LEASES}/bare").json()
+    assert (bare["kind"], bare["apiVersion"]) == ("Lease", "coordination.k8s.io/v1")
 
 
 @needs_crds
@@ -827,22 +870,55 @@ def test_a_key_naming_no_field_is_dropped_and_warned_or_refused_as_field_validat
     assert quiet.status_code == 201 and "Warning" not in quiet.headers and len(kubeapi.warned) == len(paths)
 
 
+@pytest.mark.parametrize(("method", "options"), [("POST", "CreateOptions"), ("PUT", "UpdateOptions")])
+def test_a_field_validation_the_server_does_not_know_is_refused_before_the_body_is_read(
+    kubeapi: KubeApiServer, method: str, options: str
+) -> None:
+    """The write's options are validated first: a 422 naming them, even for a body that would not
+    decode, and nothing stored."""
+    path = f"{CRD}/ipamblocks" + ("/10-0-0-0-26" if method == "PUT" else "")
+    answer = call(kubeapi, method, path, {"spec": "not an object"}, fieldValidation="strict")
+    assert answer.status_code == 422 and answer.json()["reason"] == "Invalid"
+    supported = 'supported values: "", "Ignore", "Strict", "Warn"'
+    said = f'fieldValidation: Unsupported value: "strict": {supported}'
+    assert answer.json()["message"] == f'{options}.meta.k8s.io "" is invalid: {said}'
+    assert answer.json()["details"] == {
+        "group": "meta.k8s.io",
+        "kind": options,
+        "causes": [{"reason": "FieldValueNotSupported", "message": said.split(": ", 1)[1], "field": "fieldValidation"}],
+    }
+    assert not kubeapi.copy_under(CRD)
+
+
 def test_every_request_to_a_deprecated_crd_version_is_warned(kubeapi: KubeApiServer, tmp_path: Path) -> None:
-    """The CRD's own `deprecationWarning`, else the server's default words."""
+    """The CRD's own `deprecationWarning`, else the server's default words, which name the
+    highest-ranked version served and not deprecated, where one ranks above the one asked for
+    (GA over beta over alpha; an unserved version is never named)."""
     versions = [
-        {"name": name, "served": True, "storage": name == "v2", "deprecated": True, **extra}
+        {"name": name, "served": served, "storage": name == "v2", "deprecated": deprecated, **extra}
         | {"schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}
-        for name, extra in (("v1", {}), ("v2", {"deprecationWarning": 'v2 is "old" too'}))
+        for name, served, deprecated, extra in (
+            ("v1alpha1", True, True, {}),
+            ("v1beta1", True, False, {}),
+            ("v2beta1", True, False, {}),
+            ("v1", True, True, {}),
+            ("v2", True, True, {"deprecationWarning": 'v2 is "old" too'}),
+            ("v3", False, False, {}),
+        )
     ]
     names = {"plural": "widgets", "singular": "widget", "kind": "Widget"}
     spec = {"group": "example.com", "names": names, "scope": "Cluster", "versions": versions}
     crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "spec": spec}
     (tmp_path / "crd.yaml").write_text(json.dumps(crd))
     kubeapi.install(*kubeapi.crds, *crds.load(tmp_path / "crd.yaml"))
+    oldest = call(kubeapi, "GET", "/apis/example.com/v1alpha1/widgets")
+    said = "example.com/v1alpha1 Widget is deprecated; use example.com/v2beta1 Widget"
+    assert oldest.headers["Warning"] == f'299 - "{said}"'
     listed = call(kubeapi, "GET", "/apis/example.com/v1/widgets")
     assert listed.status_code == 200 and listed.headers["Warning"] == '299 - "example.com/v1 Widget is deprecated"'
     created = call(kubeapi, "POST", "/apis/example.com/v2/widgets", {"metadata": {"name": "w"}})
     assert created.status_code == 201 and created.headers["Warning"] == '299 - "v2 is \\"old\\" too"'
+    assert call(kubeapi, "GET", "/apis/example.com/v1beta1/widgets").headers.get("Warning") is None
     assert call(kubeapi, "GET", "/api/v1/nodes").headers.get("Warning") is None
 
 

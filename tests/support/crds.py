@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import cache
+from functools import cache, cmp_to_key
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,7 @@ class Invalid(Exception):
 
     def details(self) -> dict[str, Any]:
         return {
-            "name": self.name,
+            **({"name": self.name} if self.name else {}),  # omitted when empty, as Go's omitempty does
             **({"group": self.group} if self.group else {}),
             "kind": self.kind,
             "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in self.causes],
@@ -164,14 +164,34 @@ def load(path: Path) -> tuple[Crd, ...]:
 
 
 def _deprecation(spec: dict[str, Any], version: dict[str, Any]) -> str | None:
-    """A deprecated version's warning: its own `deprecationWarning`, else the server's default
-    (`defaultDeprecationWarning`, customresource_handler.go), here without the `; use <newer
-    version>` the server adds where the CRD serves one (Calico's CRDs serve one version each)."""
+    """A deprecated version's warning: its own `deprecationWarning`, else the server's default,
+    which names the newest served version that is not deprecated and ranks above it, if any
+    (`defaultDeprecationWarning`, customresource_handler.go)."""
     if not version.get("deprecated"):
         return None
-    return (
-        version.get("deprecationWarning") or f"{spec['group']}/{version['name']} {spec['names']['kind']} is deprecated"
-    )
+    if said := version.get("deprecationWarning"):
+        return str(said)
+    group, kind, name = spec["group"], spec["names"]["kind"], version["name"]
+    newer = [
+        v["name"]
+        for v in spec["versions"]
+        if v.get("served") and not v.get("deprecated") and _compare_versions(name, v["name"]) < 0
+    ]
+    use = f"; use {group}/{max(newer, key=cmp_to_key(_compare_versions))} {kind}" if newer else ""
+    return f"{group}/{name} {kind} is deprecated{use}"
+
+
+def _compare_versions(a: str, b: str) -> int:
+    """How Kubernetes orders versions (`CompareKubeAwareVersionStrings`), above zero where `a`
+    ranks higher: GA, then beta, then alpha, each by major then minor number; any other name
+    below them all, and of two such the lesser in text ranks higher."""
+    found = [re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", v) for v in (a, b)]
+    if found[0] is None or found[1] is None:
+        if found[0] is found[1]:  # both None
+            return (b > a) - (b < a)
+        return -1 if found[0] is None else 1
+    ranks = [({"alpha": 0, "beta": 1}.get(f[2] or "", 2), int(f[1]), int(f[3] or 0)) for f in found]
+    return (ranks[0] > ranks[1]) - (ranks[0] < ranks[1])
 
 
 def calico(*files: str, directory: Path = SHARED) -> tuple[Crd, ...]:

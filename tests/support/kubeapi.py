@@ -75,6 +75,12 @@ POD_FIELDS = {
     "status.nominatedNodeName": lambda p: (p.get("status") or {}).get("nominatedNodeName", ""),
 }
 NO_VERSION = "must be specified for an update"  # the store's words for an update without a resourceVersion
+FIELD_VALIDATIONS = ("", "Ignore", "Strict", "Warn")  # what a write's `fieldValidation` may say, sorted
+# A delete's preconditions as `rest.BeforeDelete` checks them, in order: field, its name there, and why it differs.
+DELETE_PRECONDITIONS = (
+    ("uid", "UID", "deleted and then recreated"),
+    ("resourceVersion", "ResourceVersion", "modified"),
+)
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 # Built-in kinds with a status subresource (their status is written through `/status` only).
@@ -268,6 +274,10 @@ class KubeApiServer:
         with self._lock:
             if (namespace := _namespace_of(collection)) is not None:
                 self.namespaces.add(namespace)  # an object the cluster holds: its namespace is there
+            # The decoder's default kind and version where the body names none: every single object
+            # the real server answers says both (a typed list's items drop them, `_listed`).
+            obj.setdefault("kind", _kind_of(plural, crd))
+            obj.setdefault("apiVersion", crd.api_version if crd is not None else _api_version_of(collection))
             metadata = obj.setdefault("metadata", {})
             current = self.objects.get(collection, {}).get(metadata.get("name"))
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -441,7 +451,7 @@ class KubeApiServer:
                     return fault.status, fault.body or status_body(fault.status, f"injected {fault.status}")
             query = {k: v[0] for k, v in parse_qs(parts.query).items()}
             if method == "POST" and parts.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
-                return self._access_review(body, query)
+                return _options_problem(method, query) or self._access_review(body, query)
             if method == "GET" and (parts.path == "/apis" or _DISCOVERY.match(parts.path)):
                 return self._discovery(parts.path)
             route = _ROUTE.match(parts.path)
@@ -458,7 +468,9 @@ class KubeApiServer:
             ):
                 return 404, status_body(404, f"the server could not find the requested resource {parts.path}")
             if crd is not None and crd.deprecation:  # every request to a deprecated version is warned
-                self._warn(method, parts.path, [crd.deprecation])
+                self.warn(method, parts.path, [crd.deprecation])
+            if problem := _options_problem(method, query):
+                return problem
             if sub == "log" and method == "GET":
                 return self._log(route.group("ns") or "", name or "", query)
             try:
@@ -491,8 +503,11 @@ class KubeApiServer:
         """One request. With a status subresource (a CRD that declares it; core kinds always), a
         write of the object keeps its status and a write of `/status` changes only the status."""
         items = self.objects.get(collection, {})  # a read stores nothing; a create stores through put()
-        kind = crd.kind if crd is not None else KINDS.get(plural, plural[:-1].capitalize())
-        details = {"name": name, "kind": plural}
+        kind = _kind_of(plural, crd)
+        # The store's errors name the resource with its group (`qualifiedResource`) and say both apart.
+        group = _group_of(collection)
+        resource = f"{plural}.{group}" if group else plural
+        details = {"name": name, **({"group": group} if group else {}), "kind": plural}
         if method == "GET" and name is None:
             api_version = crd.api_version if crd is not None else _api_version_of(collection)
             return self._list(self._listing(collection, plural), kind, query, plural, media, api_version, crd is None)
@@ -530,7 +545,8 @@ class KubeApiServer:
             if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace))):
                 raise crds.Invalid(kind, _group_of(collection), new_name, causes)
             if new_name in items:
-                return 409, {**status_body(409, f'{plural} "{new_name}" already exists'), "reason": "AlreadyExists"}
+                exists = status_body(409, f'{resource} "{new_name}" already exists', {**details, "name": new_name})
+                return 409, {**exists, "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it
                 return 500, status_body(500, "resourceVersion should not be set on objects to be created")
             for server_field in SERVER_FIELDS:  # the server assigns these on create, whatever was sent
@@ -542,7 +558,7 @@ class KubeApiServer:
             return 405, status_body(405, "method not allowed")
         current = items.get(name)
         if current is None:
-            return 404, status_body(404, f'{plural} "{name}" not found', details)
+            return 404, status_body(404, f'{resource} "{name}" not found', details)
         if method == "GET":
             return 200, current
         if method == "PUT":
@@ -557,7 +573,7 @@ class KubeApiServer:
             elif sent != current["metadata"]["resourceVersion"]:
                 return 409, status_body(
                     409,
-                    f'Operation cannot be fulfilled on {plural} "{name}": the object '
+                    f'Operation cannot be fulfilled on {resource} "{name}": the object '
                     "has been modified; please apply your changes to the latest version "
                     "and try again",
                     details,
@@ -575,16 +591,16 @@ class KubeApiServer:
                 payload["metadata"].pop(server_field, None)
             return 200, self._write(collection, payload, crd)
         if method == "DELETE":
+            # Checked first by `rest.BeforeDelete`, which names the kind where the store names the resource.
             preconditions = payload.get("preconditions") or {}
-            for field in ("uid", "resourceVersion"):
-                if preconditions.get(field) and preconditions[field] != current["metadata"].get(field):
-                    return 409, status_body(
-                        409,
-                        f"Precondition failed: {field} in precondition: "
-                        f"{preconditions[field]}, {field} in object meta: "
-                        f"{current['metadata'].get(field)}",
-                        details,
+            for field, said, why in DELETE_PRECONDITIONS:
+                if preconditions.get(field) and preconditions[field] != (stored := current["metadata"].get(field)):
+                    message = (
+                        f'Operation cannot be fulfilled on {kind}{"." + group if group else ""} "{name}": the {said} '
+                        f"in the precondition ({preconditions[field]}) does not match the {said} in record ({stored}). "
+                        f"The object might have been {why}"
                     )
+                    return 409, status_body(409, message, {**details, "kind": kind})
             del items[name]
             self._encoded.pop((collection, name), None)
             self._encoded_protobuf.pop((collection, name), None)
@@ -680,8 +696,8 @@ class KubeApiServer:
         """The decoder's 400, or None. A built-in kind is decoded into its type (typed.py); then a
         key naming no field of the kind is dropped (a custom resource's by pruning, at admission),
         and `fieldValidation` decides: `Strict` refuses the write, `Ignore` says nothing, and
-        `Warn` (the default) answers a warning per key. Not checked: a value other than those three
-        (a real server's 422 on the CreateOptions), duplicate keys (JSON here keeps the last)."""
+        `Warn` (the default) answers a warning per key (any other value is refused before, by
+        `_options_problem`). Not checked: duplicate keys (JSON here keeps the last)."""
         if crd is None:
             if problem := typed.decode_problem(plural, payload):
                 return problem
@@ -691,11 +707,12 @@ class KubeApiServer:
         if unknown and query.get("fieldValidation") == "Strict":
             return typed.strict_problem(payload, go_kind, unknown)
         if query.get("fieldValidation") != "Ignore":
-            self._warn(method, path, [f'unknown field "{field}"' for field in unknown])
+            self.warn(method, path, [f'unknown field "{field}"' for field in unknown])
         return None
 
-    def _warn(self, method: str, path: str, texts: list[str]) -> None:
-        """Warnings for the answer this thread is making, each a `Warning: 299` header."""
+    def warn(self, method: str, path: str, texts: list[str]) -> None:
+        """Warnings for the answer this thread is making, each a `Warning: 299` header. Tests call
+        it from a hook (`on`) for what an admission webhook or policy adds to an answer."""
         self._answering.warnings += texts
         self.warned += [(method, path, text) for text in texts]
 
@@ -917,6 +934,24 @@ def _field_selector(text: str, plural: str) -> list[tuple[str, bool, str]]:
 def _listed(obj: dict[str, Any], builtin: bool) -> dict[str, Any]:
     """An object as an item of its list: a built-in kind's (a typed list's) have no apiVersion or kind."""
     return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")} if builtin else obj
+
+
+def _options_problem(method: str, query: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
+    """The 422 for a write's options the real server refuses before it reads the body: a
+    `fieldValidation` other than its three (`ValidateCreateOptions`, `ValidateUpdateOptions`)."""
+    value = query.get("fieldValidation", "")
+    if method not in ("POST", "PUT") or value in FIELD_VALIDATIONS:
+        return None
+    supported = ", ".join(f'"{v}"' for v in FIELD_VALIDATIONS)
+    message = f'Unsupported value: "{value}": supported values: {supported}'
+    options = "CreateOptions" if method == "POST" else "UpdateOptions"
+    error = crds.Invalid(options, "meta.k8s.io", "", [crds.Cause("FieldValueNotSupported", "fieldValidation", message)])
+    return 422, status_body(422, error.message, error.details())
+
+
+def _kind_of(plural: str, crd: crds.Crd | None) -> str:
+    """The kind a resource's objects are: its CRD's, else the built-in kind's."""
+    return crd.kind if crd is not None else KINDS.get(plural, plural[:-1].capitalize())
 
 
 def _api_version_of(path: str) -> str:
