@@ -141,6 +141,7 @@ class UnreadableItem(ValueError):
 
 _ITEM_AT = re.compile(r"`\$\.items\[(\d+)\]([^`]*)`")
 # One warning of a `Warning` header (RFC 7234): a code, an agent, the text as a quoted-string.
+MAX_WARNINGS = 20  # distinct warnings a report lists
 _WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
 
 
@@ -448,7 +449,7 @@ class Kube:
         self._clock = clock
         self._groups: frozenset[str] | None = None
         self._groups_lock = threading.Lock()  # the datastore read and the Kubernetes read both ask
-        self._warned: set[str] = set()
+        self._warned: dict[str, str] = {}  # each warning the server sent, and the request that drew it first
         self._warned_lock = threading.Lock()
 
     def request(
@@ -534,8 +535,15 @@ class Kube:
                 with self._warned_lock:
                     if text in self._warned:
                         continue
-                    self._warned.add(text)
+                    self._warned[text] = f"{method} {path}"
                 log.warning("api_server_warning", warning=one_line(text, 300), request=f"{method} {path}")
+
+    def warnings(self) -> list[dict[str, str]]:
+        """The run's warnings from the server so far, for the report: each once, in the order
+        they came, the first MAX_WARNINGS of them (the log has every one)."""
+        with self._warned_lock:
+            taken = list(self._warned.items())[:MAX_WARNINGS]
+        return [{"warning": one_line(text, 300), "request": request} for text, request in taken]
 
     def _credential(self) -> str:
         """Which credential was used, never its value."""

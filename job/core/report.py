@@ -34,6 +34,7 @@ class RunRecord:
     config: Config
     datastore: dict[str, Any] = field(default_factory=dict)
     k8s_node_count: int | None = None
+    k8s_warnings: list[dict[str, str]] = field(default_factory=list)  # what the API server warned of
     lock: dict[str, Any] = field(default_factory=dict)
     plan: Plan | None = None
     decisions: Sequence[HostDecision] = ()
@@ -109,7 +110,7 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int, version: str
         "outcome": record.outcome,
         "exit_code": exit_code,
         "datastore": record.datastore,
-        "kubernetes": {"node_count": record.k8s_node_count},
+        "kubernetes": {"node_count": record.k8s_node_count, "warnings": record.k8s_warnings},
         "lock": record.lock,
         "settings": {
             "grace_period": format_duration(config.grace_period),
@@ -213,6 +214,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"held back by {guard['name']}: {guard['message']}")
     for error in report["errors"]:
         lines.append(f"error ({error['kind']}): {error['message']}")
+    for warned in report["kubernetes"].get("warnings") or ():
+        lines.append(f"the API server warned: {warned['warning']} ({warned['request']})")
     # An apply that wrote: what was read before the writes is labelled so (the table says what changed).
     before = " (as read before this run's writes)" if _wrote(report) else ""
     audit = report.get("audit")

@@ -91,6 +91,8 @@ class NodeSource(NodeChecker, Protocol):
 
     def kubevirt(self) -> KubeVirt: ...
 
+    def warnings(self) -> list[dict[str, str]]: ...
+
 
 class KubernetesRead(NamedTuple):
     """What a run reads of the Kubernetes API beside the datastore."""
@@ -191,6 +193,7 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
     elif code == ExitCode.OK and record.health and at_or_above(record.health["status"], config.fail_on):
         log.warning("unhealthy", status=record.health["status"], fail_on=config.fail_on)
         record.outcome, code = "unhealthy", ExitCode.UNHEALTHY
+    record.k8s_warnings = deps.nodes.warnings()
     finished = deps.clock()
     report = build(record, finished, int(code), __version__)
     # Events are help; a stopped run does not wait on the API server to post them.

@@ -12,6 +12,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
+from job.adapters.kube import MAX_WARNINGS
 from job.core.report import render_text
 from tests.conftest import Harness, hosts_by_name
 from tests.support import crds, objects
@@ -233,6 +234,22 @@ def test_a_warning_the_server_sends_is_logged_once_a_run(harness: Harness, group
     assert len(harness.kubeapi.warned) >= 2, "every page of the blocks' list was warned"
     (warned,) = [line for line in logs if line["event"] == "api_server_warning"]
     assert warned["warning"] == said and warned["request"] == f"GET {group.path}/ipamblocks"
+    assert report["kubernetes"]["warnings"] == [{"warning": said, "request": f"GET {group.path}/ipamblocks"}]
+    assert f"the API server warned: {said} (GET {group.path}/ipamblocks)" in render_text(report)
+
+
+def test_a_report_lists_the_first_warnings_and_the_log_every_one(harness: Harness, group: Group) -> None:
+    """Warnings the run cannot bound (an admission webhook's, one per object, say): the report
+    lists the first MAX_WARNINGS, each once; the log says every one."""
+    seed_kdd(harness.kubeapi, group)
+    texts = [f"block {n} is watched" for n in range(MAX_WARNINGS + 5)]
+    path = f"{group.path}/ipamblocks"
+    harness.kubeapi.on("GET", f"{path}$", lambda: harness.kubeapi.warn("GET", path, [*texts, texts[0]]))
+    with capture_logs() as logs:
+        report, code = harness.run(kdd(harness))
+    assert code == 0
+    assert report["kubernetes"]["warnings"] == [{"warning": t, "request": f"GET {path}"} for t in texts[:MAX_WARNINGS]]
+    assert [line["warning"] for line in logs if line["event"] == "api_server_warning"] == texts
 
 
 def test_a_field_the_clusters_crd_does_not_have_is_refused_not_dropped(harness: Harness, group: Group) -> None:
