@@ -43,6 +43,11 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool, gra
     Gauge("calico_gc_refused", "1 when a safety guard refused the run", registry=registry).set(
         int(bool(summary.get("refused")))
     )
+    Gauge(
+        "calico_gc_api_server_warnings",
+        "Distinct warnings the Kubernetes API server sent during the run (at most 20)",
+        registry=registry,
+    ).set(len(report["kubernetes"]["warnings"]))
     counts = health.get("summary") or {}
     for name, key, text in (
         ("calico_gc_nodes_network_unavailable", "network_unavailable", "Nodes NetworkUnavailable (condition or taint)"),

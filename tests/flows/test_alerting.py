@@ -78,6 +78,8 @@ def test_metrics_go_to_a_real_pushgateway_in_both_push_modes_under_one_cluster_g
     healthy_pods(harness, scenario)
     network_unavailable(harness.kubeapi, s.NEW_NODE, "2026-11-29T00:00:00Z")
     crash_looping(harness.kubeapi, s.NEW_NODE, CONFLICT_LOG.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13"))
+    warnings = ["a deprecated version", "a webhook's word"]  # sent with the Nodes' list, both
+    harness.kubeapi.on("GET", "^/api/v1/nodes$", lambda: harness.kubeapi.warn("GET", "/api/v1/nodes", warnings))
     report = run(harness, tmp_path, capsys, "--pushgateway", pushgateway.url, "--cluster-name", "prod-eu")
     assert report["exit_code"] == 0
     runs = pushgateway.group(job="calico-gc", cluster="prod-eu")
@@ -86,6 +88,7 @@ def test_metrics_go_to_a_real_pushgateway_in_both_push_modes_under_one_cluster_g
     samples = prom.Pushgateway.samples
     assert samples(runs, "calico_gc_hosts")[(("action", "would_delete"),)] == 2
     assert samples(runs, "calico_gc_ip_conflicts")[()] == 1
+    assert samples(runs, "calico_gc_api_server_warnings")[()] == 2
     assert samples(runs, "calico_gc_last_run_exit_code")[()] == 0
     success = samples(runs, "calico_gc_last_success_timestamp_seconds")[()]
     assert success > 1.7e9 and samples(runs, "calico_gc_grace_period_seconds")[()] == 0
