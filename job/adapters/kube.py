@@ -140,8 +140,8 @@ class UnreadableItem(ValueError):
 
 
 _ITEM_AT = re.compile(r"`\$\.items\[(\d+)\]([^`]*)`")
-# One warning of a `Warning` header (RFC 7234): a code, an agent, the text as a quoted-string.
 MAX_WARNINGS = 20  # distinct warnings a report lists
+# One warning of a `Warning` header (RFC 7234): a code, an agent, the text as a quoted-string.
 _WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
 
 

@@ -543,7 +543,7 @@ class KubeApiServer:
             if not new_name:
                 return 400, status_body(400, "metadata.name or generateName is required")
             if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace))):
-                raise crds.Invalid(kind, _group_of(collection), new_name, causes)
+                raise crds.Invalid(kind, group, new_name, causes)
             if new_name in items:
                 exists = status_body(409, f'{resource} "{new_name}" already exists', {**details, "name": new_name})
                 return 409, {**exists, "reason": "AlreadyExists"}
@@ -563,7 +563,7 @@ class KubeApiServer:
             return 200, current
         if method == "PUT":
             if crd is None and (causes := list(self._builtin_causes(collection, payload, namespace, update=True))):
-                raise crds.Invalid(kind, _group_of(collection), name, causes)
+                raise crds.Invalid(kind, group, name, causes)
             sent = (payload.get("metadata") or {}).get("resourceVersion")
             if not sent and crd is not None:  # a custom resource's strategy allows no unconditional update
                 cause = crds.Cause("FieldValueInvalid", "metadata.resourceVersion", f"Invalid value: 0x0: {NO_VERSION}")
