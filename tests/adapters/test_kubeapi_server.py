@@ -771,6 +771,25 @@ def test_the_stores_errors_name_the_resource_with_its_group_and_a_deletes_precon
 
 
 @needs_crds
+def test_a_delete_answers_a_status_but_where_the_store_returns_the_object(kubeapi: KubeApiServer) -> None:
+    """A custom resource's delete, as most kinds', answers a Status of Success naming what went;
+    a pod's answers the pod (its store's ReturnDeletedObject)."""
+    stored = kubeapi.put(f"{CRD}/ipamblocks", block())
+    gone = call(kubeapi, "DELETE", f"{CRD}/ipamblocks/10-0-0-0-26").json()
+    details = {"name": "10-0-0-0-26", "group": "crd.projectcalico.org", "kind": "ipamblocks"}
+    assert gone == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {**details, "uid": stored["metadata"]["uid"]},
+    }
+    kubeapi.add_pod("shop", "cart", "n1", "10.0.0.5")
+    pod = call(kubeapi, "DELETE", "/api/v1/namespaces/shop/pods/cart").json()
+    assert (pod["kind"], pod["metadata"]["name"]) == ("Pod", "cart")
+
+
+@needs_crds
 def test_a_list_names_its_kind_and_a_typed_lists_items_carry_none(kubeapi: KubeApiServer) -> None:
     """A built-in kind's list is encoded from Go's typed list: only the list says `kind` and
     `apiVersion`. A custom resource's items, unstructured, keep theirs."""

@@ -81,6 +81,10 @@ DELETE_PRECONDITIONS = (
     ("uid", "UID", "deleted and then recreated"),
     ("resourceVersion", "ResourceVersion", "modified"),
 )
+# Built-in kinds whose store answers a delete with the object deleted (`ReturnDeletedObject`); every
+# other kind, custom resources included, answers a `Status` of Success naming it (the store's
+# finalizeDelete; the list in kubernetes/kubernetes#78343, from Kubernetes' registries).
+RETURNS_DELETED = frozenset({"pods", "namespaces", "serviceaccounts", "persistentvolumes", "persistentvolumeclaims"})
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 # Built-in kinds with a status subresource (their status is written through `/status` only).
@@ -606,7 +610,10 @@ class KubeApiServer:
             self._encoded_protobuf.pop((collection, name), None)
             self._rows.pop((collection, name), None)
             self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
-            return 200, current
+            if plural in RETURNS_DELETED:
+                return 200, current
+            deleted = {**details, "uid": current["metadata"].get("uid")}  # the store's finalizeDelete
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": deleted}
         return 405, status_body(405, "method not allowed")
 
     @staticmethod
