@@ -152,9 +152,12 @@ def _located(raw: bytes, said: str) -> ValueError:
         page = json.loads(raw) if found else None
     except ValueError:
         page = None
-    if found is None or not isinstance(page, dict) or not isinstance(items := page.get("items"), list):
-        return ValueError(said)
-    if int(found[1]) >= len(items):
+    if (
+        found is None
+        or not isinstance(page, dict)
+        or not isinstance(items := page.get("items"), list)
+        or int(found[1]) >= len(items)
+    ):
         return ValueError(said)
     item = items[int(found[1])]
     metadata = (item.get("metadata") if isinstance(item, dict) else None) or {}

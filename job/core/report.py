@@ -214,7 +214,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"held back by {guard['name']}: {guard['message']}")
     for error in report["errors"]:
         lines.append(f"error ({error['kind']}): {error['message']}")
-    for warned in report["kubernetes"].get("warnings") or ():
+    for warned in report["kubernetes"].get("warnings") or ():  # none in a report an earlier version kept
         lines.append(f"the API server warned: {warned['warning']} ({warned['request']})")
     # An apply that wrote: what was read before the writes is labelled so (the table says what changed).
     before = " (as read before this run's writes)" if _wrote(report) else ""

@@ -175,6 +175,20 @@ def test_list_show_and_restore_from_the_command_line(
     assert "give a RUN_ID" in capsys.readouterr().err
 
 
+def test_a_report_kept_before_reports_listed_warnings_is_summarised(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A version before `kubernetes.warnings` kept its reports without it: `reports show` still
+    summarises them, as it does every report of this schema."""
+    harness.seed(s.kops_cluster())
+    applied, _ = harness.run(harness.config(apply=True))
+    older = {**applied, "run_id": "olderrun", "kubernetes": {"node_count": applied["kubernetes"]["node_count"]}}
+    keeper(harness, slots=10).keep(older)
+    env = environment(harness, tmp_path, CALICO_GC_OUTPUT="text")
+    assert main(["reports", "show", "olderrun"], env) == 0
+    assert capsys.readouterr().out.startswith("apply ok (exit 0)")
+
+
 def test_a_kept_report_this_version_cannot_summarise_is_said_in_one_line(
     harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

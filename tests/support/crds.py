@@ -113,6 +113,12 @@ class Cause:
         return f"{self.field}: {self.message}"
 
 
+def qualified(name: str, group: str) -> str:
+    """A resource or kind with its group, as the server's messages name it (`GroupResource.String`):
+    `ipamblocks.crd.projectcalico.org`, and the name alone in the core group."""
+    return f"{name}.{group}" if group else name
+
+
 class Invalid(Exception):
     """An object the server refuses (422), of `kind` in `group` ("" for the core group)."""
 
@@ -125,8 +131,7 @@ class Invalid(Exception):
     def message(self) -> str:
         texts = [c.text() for c in self.causes]
         said = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
-        qualified = f"{self.kind}.{self.group}" if self.group else self.kind
-        return f'{qualified} "{self.name}" is invalid: {said}'
+        return f'{qualified(self.kind, self.group)} "{self.name}" is invalid: {said}'
 
     def details(self) -> dict[str, Any]:
         return {

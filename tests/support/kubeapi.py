@@ -281,7 +281,7 @@ class KubeApiServer:
             # The decoder's default kind and version where the body names none: every single object
             # the real server answers says both (a typed list's items drop them, `_listed`).
             obj.setdefault("kind", _kind_of(plural, crd))
-            obj.setdefault("apiVersion", crd.api_version if crd is not None else _api_version_of(collection))
+            obj.setdefault("apiVersion", _api_version_of(collection))
             metadata = obj.setdefault("metadata", {})
             current = self.objects.get(collection, {}).get(metadata.get("name"))
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -510,11 +510,11 @@ class KubeApiServer:
         kind = _kind_of(plural, crd)
         # The store's errors name the resource with its group (`qualifiedResource`) and say both apart.
         group = _group_of(collection)
-        resource = f"{plural}.{group}" if group else plural
+        resource = crds.qualified(plural, group)
         details = {"name": name, **({"group": group} if group else {}), "kind": plural}
         if method == "GET" and name is None:
-            api_version = crd.api_version if crd is not None else _api_version_of(collection)
-            return self._list(self._listing(collection, plural), kind, query, plural, media, api_version, crd is None)
+            listing = self._listing(collection, plural)
+            return self._list(listing, kind, query, plural, media, _api_version_of(collection), crd is None)
         namespace = _namespace_of(collection)
         if method in ("POST", "PUT") and isinstance(payload.get("metadata"), dict):
             # The request's namespace is the object's (the create and update handlers, before admission).
@@ -600,7 +600,7 @@ class KubeApiServer:
             for field, said, why in DELETE_PRECONDITIONS:
                 if preconditions.get(field) and preconditions[field] != (stored := current["metadata"].get(field)):
                     message = (
-                        f'Operation cannot be fulfilled on {kind}{"." + group if group else ""} "{name}": the {said} '
+                        f'Operation cannot be fulfilled on {crds.qualified(kind, group)} "{name}": the {said} '
                         f"in the precondition ({preconditions[field]}) does not match the {said} in record ({stored}). "
                         f"The object might have been {why}"
                     )
@@ -641,7 +641,7 @@ class KubeApiServer:
         metadata = payload.get("metadata") or {}
         name = str(metadata.get("name") or metadata.get("generateName") or "Unknown")
         group = _group_of(collection)
-        resource = f"{plural}.{group}" if group else plural
+        resource = crds.qualified(plural, group)
         message = f"unable to create new content in namespace {namespace} because it is being terminated"
         cause = {"type": "NamespaceTerminating", "message": f"namespace {namespace} is being terminated"}
         details = {"name": name, "group": group, "kind": plural, "causes": [{**cause, "field": "metadata.namespace"}]}

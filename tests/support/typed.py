@@ -10,9 +10,9 @@ the body in order, keeps the first type error and goes on, but stops at once whe
 UnmarshalJSON fails (a time, an int-or-string); a JSON null leaves any field unset. A key that
 names no field is dropped, and said as `unknown field "<path>"` (list items indexed): a 400
 under `fieldValidation=Strict`, a warning otherwise (`unknown`). The fields and their types come
-from the official client's models (generated from Kubernetes' OpenAPI), which keep neither an integer's width
-(INT64 lists the int64 fields of the kinds checked; the rest are int32) nor which times are
-MicroTime (MICRO_TIMES, from `k8s.io/api`'s types.go)."""
+from the official client's models (generated from Kubernetes' OpenAPI), which keep neither an
+integer's width (INT64 lists the int64 fields of the kinds checked; the rest are int32) nor
+which times are MicroTime (MICRO_TIMES, from `k8s.io/api`'s types.go)."""
 
 from __future__ import annotations
 
