@@ -942,6 +942,45 @@ def test_every_request_to_a_deprecated_crd_version_is_warned(kubeapi: KubeApiSer
 
 
 @needs_crds
+def test_a_body_naming_another_version_or_kind_than_its_path_is_refused(kubeapi: KubeApiServer) -> None:
+    """The handler refuses another API version once the body is decoded (a 400); the validator
+    another kind (a 422 in the body's kind's name, before the schema is looked at), on a create,
+    an update and a write of `/status` alike. Nothing is stored or changed."""
+    path = f"{CRD}/ipamblocks"
+    other_version = {**block(), "apiVersion": "projectcalico.org/v3"}
+    for method, at in (("POST", path), ("PUT", f"{path}/10-0-0-0-26")):
+        refused = call(kubeapi, method, at, other_version)
+        assert (refused.status_code, refused.json()["reason"]) == (400, "BadRequest")
+        assert refused.json()["message"] == (
+            "the API version in the data (projectcalico.org/v3) does not match the expected API version "
+            "(crd.projectcalico.org/v1)"
+        )
+    assert kubeapi.get(path, "10-0-0-0-26") is None
+    # Another kind, with a schema error too: the kind is said alone.
+    other_kind = {**block(strictAffinity="no"), "kind": "BlockAffinity"}
+    why = 'Invalid value: "BlockAffinity": must be IPAMBlock'
+    said = f'BlockAffinity.crd.projectcalico.org "10-0-0-0-26" is invalid: kind: {why}'
+    created = call(kubeapi, "POST", path, other_kind)
+    assert (created.status_code, created.json()["message"]) == (422, said)
+    cause = {"reason": "FieldValueInvalid", "message": why, "field": "kind"}
+    named = {"name": "10-0-0-0-26", "group": "crd.projectcalico.org", "kind": "BlockAffinity"}
+    assert created.json()["details"] == {**named, "causes": [cause]}
+    stored = kubeapi.put(path, block())
+    updated = call(kubeapi, "PUT", f"{path}/10-0-0-0-26", {**other_kind, "metadata": stored["metadata"]})
+    assert (updated.status_code, updated.json()["message"]) == (422, said)
+    assert call(kubeapi, "GET", f"{path}/10-0-0-0-26").json() == stored
+    written = objects.calico_node_status("n1-status", "n1", ("10.0.0.2",))
+    status = call(kubeapi, "POST", f"{CRD}/caliconodestatuses", written).json()
+    wrong = {**status, "kind": "CalicoNode", "status": written["status"]}
+    refused = call(kubeapi, "PUT", f"{CRD}/caliconodestatuses/n1-status/status", wrong)
+    assert refused.status_code == 422 and refused.json()["details"]["causes"][0]["field"] == "kind"
+    assert "status" not in call(kubeapi, "GET", f"{CRD}/caliconodestatuses/n1-status").json()
+    defaulted = {k: v for k, v in block("10-0-0-64-26", cidr="10.0.0.64/26").items() if k not in ("apiVersion", "kind")}
+    answered = call(kubeapi, "POST", path, defaulted).json()
+    assert (answered["apiVersion"], answered["kind"]) == ("crd.projectcalico.org/v1", "IPAMBlock"), "named by the path"
+
+
+@needs_crds
 def test_a_crd_installed_again_prunes_what_is_stored_as_reads_from_storage_do(kubeapi: KubeApiServer) -> None:
     kubeapi.put(f"{CRD}/ipamblocks", block(deleted=True))
     kubeapi.change_crd("ipamblocks", lambda crd: crds.without_property(crd, "deleted"))

@@ -225,6 +225,7 @@ def admit(crd: Crd, obj: dict[str, Any], old: dict[str, Any] | None = None) -> d
     the stored object an update replaces (for CEL's transition rules)."""
     stored = copy.deepcopy(obj)
     name = str((stored.get("metadata") or {}).get("name") or "")
+    check_kind(crd, stored, name)
     body = _prune(crd.schema, _body(stored))
     body = _default(crd.schema, body)
     head = {"apiVersion": stored.get("apiVersion") or crd.api_version, "kind": stored.get("kind") or crd.kind}
@@ -240,6 +241,16 @@ def admit(crd: Crd, obj: dict[str, Any], old: dict[str, Any] | None = None) -> d
     if causes:
         raise Invalid(crd.kind, crd.group, name, causes)
     return admitted
+
+
+def check_kind(crd: Crd, obj: dict[str, Any], name: str) -> None:
+    """A body naming another kind than its CRD's is refused before its schema is looked at, in the
+    body's own kind's name (`ValidateTypeMeta`, apiextensions' customresource validator; a write
+    of `/status` too). Its apiVersion was checked before, by the handler (kubeapi.py)."""
+    kind = obj.get("kind")
+    if isinstance(kind, str) and kind and kind != crd.kind:
+        cause = Cause("FieldValueInvalid", "kind", f"Invalid value: {json.dumps(kind)}: must be {crd.kind}")
+        raise Invalid(kind, crd.group, name, [cause])
 
 
 @cache

@@ -485,8 +485,9 @@ class KubeApiServer:
                 return 400, status_body(400, "the body of the request is not a JSON object")
             if method in ("POST", "PUT") and (
                 problem := self._decoded(method, parts.path, plural, payload, crd, query)
+                or _version_problem(crd, payload)
             ):
-                return 400, status_body(400, problem)  # the decoder's: before admission (typed.py)
+                return 400, status_body(400, problem)  # the decoder's (typed.py) or the handler's: before admission
             try:
                 return self._serve(method, collection, plural, name, query, payload, crd, sub == "status", media)
             except crds.Invalid as error:
@@ -583,6 +584,8 @@ class KubeApiServer:
                     details,
                 )
             if status:  # only the status moves; everything else stays as stored
+                if crd is not None:
+                    crds.check_kind(crd, payload, name)
                 payload = {**copy.deepcopy(current), "status": payload.get("status")}
                 if payload["status"] is None:
                     del payload["status"]
@@ -954,6 +957,17 @@ def _options_problem(method: str, query: dict[str, str]) -> tuple[int, dict[str,
     options = "CreateOptions" if method == "POST" else "UpdateOptions"
     error = crds.Invalid(options, "meta.k8s.io", "", [crds.Cause("FieldValueNotSupported", "fieldValidation", message)])
     return 422, status_body(422, error.message, error.details())
+
+
+def _version_problem(crd: crds.Crd | None, payload: dict[str, Any]) -> str | None:
+    """The create and update handlers' 400 for a body that names another API version than its
+    path, once decoded (the unstructured decoder takes any; its kind is the validator's, in
+    `crds.check_kind`). Checked for custom resources: of a built-in kind, a version the scheme
+    does not know is the decoder's own 400."""
+    sent = payload.get("apiVersion")
+    if crd is None or not isinstance(sent, str) or sent in ("", crd.api_version):
+        return None
+    return f"the API version in the data ({sent}) does not match the expected API version ({crd.api_version})"
 
 
 def _kind_of(plural: str, crd: crds.Crd | None) -> str:
