@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -787,6 +788,49 @@ def test_a_delete_answers_a_status_but_where_the_store_returns_the_object(kubeap
     kubeapi.add_pod("shop", "cart", "n1", "10.0.0.5")
     pod = call(kubeapi, "DELETE", "/api/v1/namespaces/shop/pods/cart").json()
     assert (pod["kind"], pod["metadata"]["name"]) == ("Pod", "cart")
+
+
+def test_a_scheduled_pods_delete_is_graceful_until_its_kubelet_confirms(kubeapi: KubeApiServer) -> None:
+    """A running pod is kept, marked, for its grace (its spec's, else 30 s): got and listed, and
+    answered as it is to another delete; a shorter grace moves the mark earlier; a delete of
+    grace 0 (the kubelet's) removes it. An unscheduled or finished pod, or a grace of 0 in the
+    query, goes at once."""
+    path = "/api/v1/namespaces/shop/pods"
+    kubeapi.add_pod("shop", "cart", "n1", "10.0.0.5")
+    stored = kubeapi.get(path, "cart")
+    assert stored is not None
+    before = datetime.now(UTC).replace(microsecond=0)
+    marked = call(kubeapi, "DELETE", f"{path}/cart")
+    assert marked.status_code == 200
+    metadata = marked.json()["metadata"]
+    ends = datetime.fromisoformat(metadata["deletionTimestamp"])
+    assert before + timedelta(seconds=30) <= ends <= datetime.now(UTC) + timedelta(seconds=30)
+    assert metadata["deletionGracePeriodSeconds"] == 30
+    assert metadata["generation"] == stored["metadata"]["generation"] + 1
+    assert int(metadata["resourceVersion"]) > int(stored["metadata"]["resourceVersion"])
+    assert call(kubeapi, "GET", f"{path}/cart").json() == marked.json()
+    assert [p["metadata"]["name"] for p in call(kubeapi, "GET", path).json()["items"]] == ["cart"]
+    again = call(kubeapi, "DELETE", f"{path}/cart", {"gracePeriodSeconds": 60})
+    assert again.json() == marked.json(), "a longer grace changes nothing"
+    shorter = call(kubeapi, "DELETE", f"{path}/cart", {"gracePeriodSeconds": 10}).json()["metadata"]
+    assert shorter["deletionGracePeriodSeconds"] == 10
+    assert datetime.fromisoformat(shorter["deletionTimestamp"]) == ends - timedelta(seconds=20)
+    assert shorter["generation"] == metadata["generation"], "only the first mark moves the generation"
+    gone = call(kubeapi, "DELETE", f"{path}/cart", {"gracePeriodSeconds": 0})
+    assert gone.status_code == 200 and kubeapi.get(path, "cart") is None
+    own = objects.pod("shop", "own", "n1", ("10.0.0.6",))
+    own["spec"]["terminationGracePeriodSeconds"] = 5
+    kubeapi.put(path, own)
+    assert call(kubeapi, "DELETE", f"{path}/own").json()["metadata"]["deletionGracePeriodSeconds"] == 5
+    kubeapi.add_pod("shop", "pending", None)
+    done = objects.pod("shop", "done", "n1", ("10.0.0.7",))
+    done["status"]["phase"] = "Succeeded"
+    kubeapi.put(path, done)
+    kubeapi.add_pod("shop", "forced", "n1", "10.0.0.8")
+    for name, query in (("pending", {}), ("done", {}), ("forced", {"gracePeriodSeconds": "0"})):
+        answer = call(kubeapi, "DELETE", f"{path}/{name}", **query)
+        assert answer.status_code == 200 and "deletionTimestamp" not in answer.json()["metadata"]
+        assert kubeapi.get(path, name) is None, name
 
 
 @needs_crds

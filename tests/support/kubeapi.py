@@ -34,7 +34,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,8 @@ DELETE_PRECONDITIONS = (
 # Built-in kinds whose store answers a delete with the object deleted (`ReturnDeletedObject`); every
 # other kind, custom resources included, answers a `Status` of Success naming it (the store's
 # finalizeDelete; the list in kubernetes/kubernetes#78343, from Kubernetes' registries).
+# A pod's grace when its spec names none: the default its spec is given on create (SetDefaults_PodSpec).
+POD_GRACE = 30
 RETURNS_DELETED = frozenset({"pods", "namespaces", "serviceaccounts", "persistentvolumes", "persistentvolumeclaims"})
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
@@ -313,7 +315,7 @@ class KubeApiServer:
                     continue
                 for name, obj in stored.items():
                     stored[name] = crds.pruned(crd, obj)
-                    self._encoded.pop((collection, name), None)
+                    self._uncache(collection, name)
 
     def change_crd(self, plural: str, change: Callable[[crds.Crd], crds.Crd]) -> None:
         """Install the CRD of `plural` as `change` makes it, the others as they are (`install`)."""
@@ -361,8 +363,7 @@ class KubeApiServer:
     def delete_node(self, name: str) -> None:
         with self._lock:
             self.objects.get("/api/v1/nodes", {}).pop(name, None)
-            self._encoded.pop(("/api/v1/nodes", name), None)
-            self._encoded_protobuf.pop(("/api/v1/nodes", name), None)
+            self._uncache("/api/v1/nodes", name)
             self._next_revision()
 
     def fail(self, method: str, path: str, status: int, times: int = 1, body: dict[str, Any] | None = None) -> None:
@@ -608,16 +609,59 @@ class KubeApiServer:
                         f"The object might have been {why}"
                     )
                     return 409, status_body(409, message, {**details, "kind": kind})
+            # DeleteOptions come in the body, else in the query.
+            if plural == "pods" and (kept := self._graceful(collection, current, payload or query)) is not None:
+                return 200, kept
             del items[name]
-            self._encoded.pop((collection, name), None)
-            self._encoded_protobuf.pop((collection, name), None)
-            self._rows.pop((collection, name), None)
+            self._uncache(collection, name)
             self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
             if plural in RETURNS_DELETED:
                 return 200, current
             deleted = {**details, "uid": current["metadata"].get("uid")}  # the store's finalizeDelete
             return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": deleted}
         return 405, status_body(405, "method not allowed")
+
+    def _graceful(self, collection: str, pod: dict[str, Any], options: dict[str, Any]) -> dict[str, Any] | None:
+        """A pod's graceful deletion (`rest.BeforeDelete` with the pod strategy's
+        `CheckGracefulDelete`): the pod kept, marked with `deletionTimestamp` and
+        `deletionGracePeriodSeconds` (its generation one on), until a delete of grace 0 (its
+        kubelet's, once the containers are gone) removes it; a later delete may only shorten the
+        grace. None where it goes now: not scheduled, finished (`Succeeded`, `Failed`), a grace of
+        0, or marked with none. Nothing here ends a grace by the clock: a test removes the pod."""
+        sent = options.get("gracePeriodSeconds")
+        asked = None if sent is None else (1 if int(sent) < 0 else int(sent))  # a negative grace is 1 s
+        marked = copy.deepcopy(pod)
+        metadata = marked["metadata"]
+        pending = metadata.get("deletionGracePeriodSeconds")
+        if metadata.get("deletionTimestamp"):
+            if not pending:
+                return None
+            if asked is None or asked >= pending:
+                return pod  # pending: answered as it is, nothing written
+            if asked == 0:
+                return None
+            ends = datetime.fromisoformat(metadata["deletionTimestamp"]) - timedelta(seconds=pending - asked)
+            period = asked
+        else:
+            spec, phase = pod.get("spec") or {}, (pod.get("status") or {}).get("phase")
+            period = spec.get("terminationGracePeriodSeconds", POD_GRACE) if asked is None else asked
+            if not spec.get("nodeName") or phase in ("Succeeded", "Failed") or period == 0:
+                return None
+            ends = datetime.now(UTC) + timedelta(seconds=period)
+            if metadata.get("generation"):
+                metadata["generation"] += 1
+        metadata["deletionTimestamp"] = ends.strftime("%Y-%m-%dT%H:%M:%SZ")
+        metadata["deletionGracePeriodSeconds"] = period
+        metadata["resourceVersion"] = self._next_revision()
+        self.objects[collection][metadata["name"]] = marked
+        self._uncache(collection, metadata["name"])
+        return marked
+
+    def _uncache(self, collection: str, name: str) -> None:
+        """Forget an object's encodings (a list item's JSON, protobuf and Table row) once it changes."""
+        self._encoded.pop((collection, name), None)
+        self._encoded_protobuf.pop((collection, name), None)
+        self._rows.pop((collection, name), None)
 
     @staticmethod
     def _builtin_causes(
