@@ -908,8 +908,8 @@ def test_a_key_naming_no_field_is_dropped_and_warned_or_refused_as_field_validat
     kind_said: str,
     paths: list[str],
 ) -> None:
-    """A create's unknown keys (the strict decoder's paths, sorted): by default dropped with a
-    `Warning: 299` header each; `Ignore` drops them silently; `Strict` refuses the write with a 400."""
+    """A create's unknown keys (the strict decoder's paths): by default dropped with a `Warning:
+    299` header each; `Ignore` drops them silently; `Strict` refuses the write with a 400."""
     kubeapi.add_namespace("calico-gc")
     strict = call(kubeapi, "POST", collection, body, fieldValidation="Strict")
     said = ", ".join(f'unknown field "{path}"' for path in paths)
@@ -931,6 +931,89 @@ def test_a_key_naming_no_field_is_dropped_and_warned_or_refused_as_field_validat
     assert call(kubeapi, "DELETE", f"{collection}/{body['metadata']['name']}").status_code == 200
     quiet = call(kubeapi, "POST", collection, body, fieldValidation="Ignore")
     assert quiet.status_code == 201 and "Warning" not in quiet.headers and len(kubeapi.warned) == len(paths)
+
+
+# Bodies as the real server's own test of field validation sends them (TestFieldValidation):
+# repeated keys, unknown ones, and one both; the order of a built-in kind's differs from sorted.
+REPEATS = [
+    pytest.param(
+        LEASES.replace("/ns/", "/calico-gc/"),
+        """{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "dupename", "name": "b", "unknownMeta": "x"},
+            "spec": {"zeta": 1, "unknownDupe": 1, "unknownDupe": 2,
+                     "holderIdentity": "a", "holderIdentity": "run-1", "alpha": 2}}""",
+        'Lease in version "v1" cannot be handled as a Lease',
+        [
+            'duplicate field "metadata.name"',
+            'unknown field "metadata.unknownMeta"',
+            'unknown field "spec.zeta"',
+            'unknown field "spec.unknownDupe"',
+            'duplicate field "spec.holderIdentity"',
+            'unknown field "spec.alpha"',
+        ],
+        ("b", "run-1"),
+        id="built-in",
+    ),
+    pytest.param(
+        f"{CRD}/ipamblocks",
+        """{"apiVersion": "crd.projectcalico.org/v1", "kind": "IPAMBlock",
+            "metadata": {"name": "dupename", "name": "10-0-0-0-26", "unknownMeta": "x"},
+            "spec": {"zeta": 1, "unknownDupe": 1, "unknownDupe": 2, "cidr": "10.0.0.0/26",
+                     "allocations": [null], "unallocated": [], "strictAffinity": true,
+                     "attributes": [{"handle_id": "a", "handle_id": "h", "colour": "blue"}],
+                     "strictAffinity": false, "alpha": 2}}""",
+        'IPAMBlock in version "v1" cannot be handled as a IPAMBlock',
+        [
+            'duplicate field "metadata.name"',
+            'duplicate field "spec.unknownDupe"',
+            'duplicate field "spec.attributes[0].handle_id"',
+            'duplicate field "spec.strictAffinity"',
+            'unknown field "metadata.unknownMeta"',
+            'unknown field "spec.alpha"',
+            'unknown field "spec.attributes[0].colour"',
+            'unknown field "spec.unknownDupe"',
+            'unknown field "spec.zeta"',
+        ],
+        ("10-0-0-0-26", "h"),
+        marks=needs_crds,
+        id="custom-resource",
+    ),
+]
+
+
+@pytest.mark.parametrize(("collection", "text", "kind_said", "said", "kept"), REPEATS)
+def test_repeated_and_unknown_keys_are_said_in_the_decoders_order(
+    kubeapi: KubeApiServer, collection: str, text: str, kind_said: str, said: list[str], kept: tuple[str, str]
+) -> None:
+    """A key that comes twice is a `duplicate field` (its last value kept), said with the unknown
+    ones: a built-in kind's in the order they come, a key both unknown and repeated once, as
+    unknown; a custom resource's repeats first (the unstructured decoder), then its metadata's
+    unknown keys, then what pruning drops, sorted. `Strict` refuses with them all, the default
+    warns each, `Ignore` says nothing."""
+    session = requests.Session()
+    session.trust_env = False
+
+    def send(**query: str) -> requests.Response:
+        url = kubeapi.url + collection
+        return session.post(url, data=text, params=query, headers=kubeapi.authorization, timeout=10)
+
+    strict = send(fieldValidation="Strict")
+    assert (
+        strict.status_code == 400
+        and strict.json()["message"] == f"{kind_said}: strict decoding error: {', '.join(said)}"
+    )
+    assert not kubeapi.copy_under(collection), "nothing stored"
+    warned = send()
+    assert warned.status_code == 201 and [text for _, _, text in kubeapi.warned] == said
+    name, value = kept
+    stored = kubeapi.get(collection, name)
+    assert stored is not None
+    assert value in (stored["spec"].get("holderIdentity"), stored["spec"].get("attributes", [{}])[0].get("handle_id"))
+    assert not {"zeta", "alpha", "unknownDupe"} & set(stored["spec"]), "dropped"
+    assert stored["spec"].get("strictAffinity", False) is False, "the last value"
+    session.delete(f"{kubeapi.url}{collection}/{name}", headers=kubeapi.authorization, timeout=10)
+    quiet = send(fieldValidation="Ignore")
+    assert quiet.status_code == 201 and len(kubeapi.warned) == len(said)
 
 
 @pytest.mark.parametrize(("method", "options"), [("POST", "CreateOptions"), ("PUT", "UpdateOptions")])

@@ -269,7 +269,7 @@ class KubeApiServer:
         if crd is None and not admitted:
             if problem := typed.decode_problem(plural, obj):
                 raise AssertionError(f"the real API server would refuse this seed: {problem}")
-            typed.unknown(plural, obj)  # a key naming no field is dropped, as by the decoder
+            typed.strict_errors(plural, obj, {})  # a key naming no field is dropped, as by the decoder
         if crd is not None and not admitted:
             try:
                 stored = crds.admit(crd, obj, self._stored(collection, obj))
@@ -479,13 +479,13 @@ class KubeApiServer:
             if sub == "log" and method == "GET":
                 return self._log(route.group("ns") or "", name or "", query)
             try:
-                payload = json.loads(body) if body else {}
+                payload, repeats = typed.parse(body) if body else ({}, {})
             except ValueError:
                 return 400, status_body(400, "request body is not JSON")
             if not isinstance(payload, dict):
                 return 400, status_body(400, "the body of the request is not a JSON object")
             if method in ("POST", "PUT") and (
-                problem := self._decoded(method, parts.path, plural, payload, crd, query)
+                problem := self._decoded(method, parts.path, plural, payload, crd, query, repeats)
                 or _version_problem(crd, payload)
             ):
                 return 400, status_body(400, problem)  # the decoder's (typed.py) or the handler's: before admission
@@ -745,23 +745,36 @@ class KubeApiServer:
         }
 
     def _decoded(
-        self, method: str, path: str, plural: str, payload: dict[str, Any], crd: crds.Crd | None, query: dict[str, str]
+        self,
+        method: str,
+        path: str,
+        plural: str,
+        payload: dict[str, Any],
+        crd: crds.Crd | None,
+        query: dict[str, str],
+        repeats: typed.Repeats,
     ) -> str | None:
         """The decoder's 400, or None. A built-in kind is decoded into its type (typed.py); then a
         key naming no field of the kind is dropped (a custom resource's by pruning, at admission),
-        and `fieldValidation` decides: `Strict` refuses the write, `Ignore` says nothing, and
-        `Warn` (the default) answers a warning per key (any other value is refused before, by
-        `_options_problem`). Not checked: duplicate keys (JSON here keeps the last)."""
+        and `fieldValidation` decides what is said of those and of repeated keys: `Strict` refuses
+        the write, `Ignore` says nothing, and `Warn` (the default) answers a warning for each (any
+        other value is refused before, by `_options_problem`). A built-in kind's are said in the
+        order they come; a custom resource's repeats first, then its metadata's unknown keys, then
+        what pruning dropped, sorted (the unstructured decoder, ObjectMeta's coercion, pruning)."""
         if crd is None:
             if problem := typed.decode_problem(plural, payload):
                 return problem
-            unknown, go_kind = typed.unknown(plural, payload), typed.go_kind(plural)
+            said, go_kind = typed.strict_errors(plural, payload, repeats), typed.go_kind(plural)
         else:
-            unknown, go_kind = sorted(crds.unknown_fields(crd, payload) + typed.unknown_metadata(payload)), crd.kind
-        if unknown and query.get("fieldValidation") == "Strict":
-            return typed.strict_problem(payload, go_kind, unknown)
+            said = [f'duplicate field "{p}"' for p in typed.repeated(payload, repeats)] + typed.unknown_metadata(
+                payload
+            )
+            said += [f'unknown field "{p}"' for p in crds.unknown_fields(crd, payload)]
+            go_kind = crd.kind
+        if said and query.get("fieldValidation") == "Strict":
+            return typed.strict_problem(payload, go_kind, said)
         if query.get("fieldValidation") != "Ignore":
-            self.warn(method, path, [f'unknown field "{field}"' for field in unknown])
+            self.warn(method, path, said)
         return None
 
     def warn(self, method: str, path: str, texts: list[str]) -> None:
@@ -777,9 +790,9 @@ class KubeApiServer:
 
     def _access_review(self, body: bytes, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         """As the real server: the review comes back with `status.allowed`; nothing is stored."""
-        review = json.loads(body)
+        review, repeats = typed.parse(body)
         path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-        if problem := self._decoded("POST", path, "selfsubjectaccessreviews", review, None, query):
+        if problem := self._decoded("POST", path, "selfsubjectaccessreviews", review, None, query, repeats):
             return 400, status_body(400, problem)
         attributes = review.get("spec", {}).get("resourceAttributes", {})
         wanted = (attributes.get("verb"), attributes.get("resource"), attributes.get("name"))

@@ -8,8 +8,9 @@ that are not base64. A 400 BadRequest (`transformDecodeError`,
 The decoder is Go's encoding/json as sigs.k8s.io/json forks it (case-sensitive): it goes through
 the body in order, keeps the first type error and goes on, but stops at once where a type's own
 UnmarshalJSON fails (a time, an int-or-string); a JSON null leaves any field unset. A key that
-names no field is dropped, and said as `unknown field "<path>"` (list items indexed): a 400
-under `fieldValidation=Strict`, a warning otherwise (`unknown`). The fields and their types come
+names no field is dropped, and said as `unknown field "<path>"` (list items indexed), a field
+that comes twice as `duplicate field "<path>"`, in the order they come: a 400 under
+`fieldValidation=Strict`, a warning otherwise (`strict_errors`). The fields and their types come
 from the official client's models (generated from Kubernetes' OpenAPI), which keep neither an
 integer's width (INT64 lists the int64 fields of the kinds checked; the rest are int32) nor
 which times are MicroTime (MICRO_TIMES, from `k8s.io/api`'s types.go)."""
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import json
 import re
 import types
 import typing
@@ -91,33 +93,81 @@ def cannot_be_handled(body: dict[str, Any], go_kind: str, error: str) -> str:
     return f'{kind} in version "{version}" cannot be handled as a {go_kind}: {error}'
 
 
-def unknown(plural: str, body: dict[str, Any]) -> list[str]:
-    """The paths of `body`'s keys that name no field of its kind, dropped from it as the decoder
-    drops them; sorted. Call it on a body decode_problem takes."""
+Repeats = dict[int, tuple[dict[str, Any], list[tuple[str, bool]]]]  # see parse
+
+
+def parse(body: bytes) -> tuple[Any, Repeats]:
+    """A request body as JSON, and where its objects repeat a key. Python's decoder keeps a
+    repeated key once (its last value, at its first place); Go's decoders see each time it comes.
+    So each object that repeats one is kept, by id, with its keys in the order they came, True
+    for each repeat (the object is held, so its id stays its own)."""
+    repeats: Repeats = {}
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        came: list[tuple[str, bool]] = []
+        for key, value in items:
+            came.append((key, key in obj))
+            obj[key] = value  # the last value, at the first place, as json.loads keeps it
+        if len(came) != len(obj):
+            repeats[id(obj)] = (obj, came)
+        return obj
+
+    return json.loads(body, object_pairs_hook=pairs), repeats
+
+
+def _keys(obj: dict[str, Any], repeats: Repeats) -> list[tuple[str, bool]]:
+    """An object's keys as they came, True for a repeat."""
+    return repeats[id(obj)][1] if id(obj) in repeats else [(key, False) for key in obj]
+
+
+def repeated(value: Any, repeats: Repeats, at: str = "") -> list[str]:
+    """The paths of every repeated key, in the order they come (keys by `.`, list items by
+    `[i]`): `duplicate field "<path>"` each, as the unstructured decoder of a custom resource says
+    them, before its unknown fields."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, again in _keys(value, repeats):
+            where = f"{at}.{key}" if at else key
+            found += [where] if again else repeated(value[key], repeats, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += repeated(item, repeats, f"{at}[{index}]")
+    return found
+
+
+def strict_errors(plural: str, body: dict[str, Any], repeats: Repeats) -> list[str]:
+    """What the strict decoder says of a built-in kind's body, in the order it comes on them:
+    `unknown field "<path>"` for a key that names no field (dropped from `body`, as the decoder
+    drops it) and `duplicate field "<path>"` for a field repeated; a key both unknown and repeated
+    is said once, unknown. Of a kind not decoded here (no model), its repeats alone. Call it on a
+    body decode_problem takes."""
     model = MODELS.get(plural)
-    return [] if model is None else _dropped(model, body, "")
+    if model is None:
+        return [f'duplicate field "{path}"' for path in repeated(body, repeats)]
+    return _dropped(model, body, "", repeats)
 
 
 def unknown_metadata(body: dict[str, Any]) -> list[str]:
     """A custom resource's metadata keys that name no field of ObjectMeta, dropped (the server's
-    ObjectMeta coercion, apiextensions' schemaobjectmeta); sorted."""
+    ObjectMeta coercion, apiextensions' schemaobjectmeta), in the order they come, each as
+    `unknown field "<path>"` (its repeats were said by the unstructured decoder before)."""
     metadata = body.get("metadata")
-    return _dropped(V1ObjectMeta, metadata, "metadata") if isinstance(metadata, dict) else []
+    return _dropped(V1ObjectMeta, metadata, "metadata", {}) if isinstance(metadata, dict) else []
 
 
-def _dropped(model: type[BaseModel], body: dict[str, Any], at: str) -> list[str]:
-    """The paths of `body`'s unknown keys (under `at`), each dropped where it is."""
-    decoder = _Decoder()
+def _dropped(model: type[BaseModel], body: dict[str, Any], at: str, repeats: Repeats) -> list[str]:
+    """What the strict decoder says of `body` (under `at`), its unknown keys dropped where they are."""
+    decoder = _Decoder(repeats)
     decoder.struct(model, body, (), at)
     for parent, key in decoder.unknown.values():
         parent.pop(key, None)
-    return sorted(decoder.unknown)
+    return decoder.said
 
 
-def strict_problem(body: dict[str, Any], go_kind: str, paths: list[str]) -> str:
-    """The 400 under `fieldValidation=Strict`: every unknown field, as a strict decoding error."""
-    said = ", ".join(f'unknown field "{path}"' for path in paths)
-    return cannot_be_handled(body, go_kind, f"strict decoding error: {said}")
+def strict_problem(body: dict[str, Any], go_kind: str, said: list[str]) -> str:
+    """The 400 under `fieldValidation=Strict`: all the strict decoder said, as one error."""
+    return cannot_be_handled(body, go_kind, f"strict decoding error: {', '.join(said)}")
 
 
 def _json_type(value: Any) -> str:
@@ -158,9 +208,11 @@ class _Decoder:
     """Go's decoder over one body: a type error is kept (the first) and the decoding goes on; an
     error of a type's own UnmarshalJSON (a time, an int-or-string) is raised and ends it."""
 
-    def __init__(self) -> None:
+    def __init__(self, repeats: Repeats | None = None) -> None:
         self.saved: DecodeError | None = None
         self.unknown: dict[str, tuple[dict[str, Any], str]] = {}  # its path: where the key is
+        self.repeats = repeats or {}
+        self.said: list[str] = []  # unknown and repeated fields, in the order they come
 
     def save(self, error: DecodeError) -> None:
         self.saved = self.saved or error
@@ -169,10 +221,14 @@ class _Decoder:
         """Each field of `body` that `model` has, in the body's order. `path` is the field path Go
         names a type error by; `at` the strict decoder's, with list indexes."""
         fields = {(info.serialization_alias or name): info.annotation for name, info in model.model_fields.items()}
-        for key, value in body.items():
-            where = f"{at}.{key}" if at else key
+        for key, again in _keys(body, self.repeats):
+            where, value = f"{at}.{key}" if at else key, body[key]
             if key not in fields:
-                self.unknown[where] = (body, key)
+                if not again:  # said once, as unknown, however often it comes
+                    self.unknown[where] = (body, key)
+                    self.said.append(f'unknown field "{where}"')
+            elif again:
+                self.said.append(f'duplicate field "{where}"')
             elif value is not None:  # null: left unset
                 self.value(fields[key], value, go_name(model), (*path, key), where)
 
@@ -192,6 +248,8 @@ class _Decoder:
                 go_type = f"[]{_go_type(args[0])}" if origin is list else f"map[string]{_go_type(args[1])}"
                 self.save(_type_error(value, struct, path, go_type))
                 return
+            if isinstance(value, dict):  # a map's repeated keys are said as a struct's are
+                self.said += [f'duplicate field "{at}.{key}"' for key, again in _keys(value, self.repeats) if again]
             items = enumerate(value) if isinstance(value, list) else value.items()
             for index, item in items:
                 if item is not None:
