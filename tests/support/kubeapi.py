@@ -81,11 +81,11 @@ DELETE_PRECONDITIONS = (
     ("uid", "UID", "deleted and then recreated"),
     ("resourceVersion", "ResourceVersion", "modified"),
 )
+# A pod's grace when its spec names none: the default its spec is given on create (SetDefaults_PodSpec).
+POD_GRACE = 30
 # Built-in kinds whose store answers a delete with the object deleted (`ReturnDeletedObject`); every
 # other kind, custom resources included, answers a `Status` of Success naming it (the store's
 # finalizeDelete; the list in kubernetes/kubernetes#78343, from Kubernetes' registries).
-# A pod's grace when its spec names none: the default its spec is given on create (SetDefaults_PodSpec).
-POD_GRACE = 30
 RETURNS_DELETED = frozenset({"pods", "namespaces", "serviceaccounts", "persistentvolumes", "persistentvolumeclaims"})
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
@@ -766,9 +766,8 @@ class KubeApiServer:
                 return problem
             said, go_kind = typed.strict_errors(plural, payload, repeats), typed.go_kind(plural)
         else:
-            said = [f'duplicate field "{p}"' for p in typed.repeated(payload, repeats)] + typed.unknown_metadata(
-                payload
-            )
+            said = [f'duplicate field "{p}"' for p in typed.repeated(payload, repeats)]
+            said += typed.unknown_metadata(payload)
             said += [f'unknown field "{p}"' for p in crds.unknown_fields(crd, payload)]
             go_kind = crd.kind
         if said and query.get("fieldValidation") == "Strict":
