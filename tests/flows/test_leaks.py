@@ -8,6 +8,8 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from job.core.scan import BlockScan
 from tests.adapters.test_etcdv2 import seeded
 from tests.adapters.test_kdd import CRD, LIVE_A, cidr_name, kdd, seed_kdd
@@ -99,20 +101,26 @@ def test_a_live_pods_ip_is_never_leaked_and_a_moved_or_readdressed_pod_is(harnes
     assert list(leaks(report)) == [WEB0_IP], "the pod has another IP now"
 
 
-def test_a_terminating_pod_holds_its_ip_until_its_kubelet_confirms(harness: Harness) -> None:
+@pytest.mark.parametrize("served", ["table", "protobuf", "json"])
+def test_a_terminating_pod_holds_its_ip_until_its_kubelet_confirms(harness: Harness, served: str) -> None:
     """A pod being deleted still runs, and holds its IP, until its kubelet has torn it down (the
     CNI DEL) and confirms the delete: however long its grace, its IP is no leak. Deleted through
     the API, as `kubectl delete` and then the kubelet delete it (the API test server keeps a
-    scheduled pod, marked, until a delete of grace 0)."""
+    scheduled pod, marked, until a delete of grace 0); the pods listed as the server prints them
+    (a row says `Terminating`), in protobuf, or in JSON, each with the marks in its metadata."""
+    harness.kubeapi.serves_tables = served == "table"
+    harness.kubeapi.serves_protobuf = served != "json"
     leak_web0(harness)
     add_pod(harness, s.LIVE[0], WEB0_IP)
     pod = "/api/v1/namespaces/default/pods/web-0"
     assert call(harness.kubeapi, "DELETE", pod).json()["metadata"]["deletionTimestamp"]
     config = harness.config(apply=True, **RELEASE)
+    harness.kubeapi.take_encoded_bytes()
     for _ in range(2):
         report, _ = harness.run(config)
         assert report["audit"]["leaked_ips"]["count"] == 0, "terminating: its containers may still run"
         harness.now += timedelta(minutes=20)
+    assert harness.kubeapi.take_encoded_bytes()[f"{served} /api/v1/pods"] > 0, "the pods listed as asked"
     call(harness.kubeapi, "DELETE", pod, {"gracePeriodSeconds": 0})
     report, _ = harness.run(config)
     assert leaks(report)[WEB0_IP]["action"] == "waiting_grace", "gone: a leak from this run on, never before"
