@@ -833,6 +833,39 @@ def test_a_scheduled_pods_delete_is_graceful_until_its_kubelet_confirms(kubeapi:
         assert kubeapi.get(path, name) is None, name
 
 
+def test_an_object_with_finalizers_is_marked_by_a_delete_and_goes_with_its_last_finalizer(
+    kubeapi: KubeApiServer,
+) -> None:
+    """A delete marks it (`deletionTimestamp` now, a grace of 0, its generation one on) and answers
+    it, 200; it is still got and listed; another delete writes nothing; an update keeps the marks
+    whatever it sends, and the update that leaves no finalizer deletes it. A create's marks are
+    cleared."""
+    kubeapi.add_node("n1")
+    node = kubeapi.get("/api/v1/nodes", "n1")
+    assert node is not None
+    kubeapi.put("/api/v1/nodes", {**node, "metadata": {**node["metadata"], "finalizers": ["karpenter.sh/termination"]}})
+    stored = kubeapi.get("/api/v1/nodes", "n1")
+    assert stored is not None
+    marked = call(kubeapi, "DELETE", "/api/v1/nodes/n1")
+    assert marked.status_code == 200 and marked.json()["kind"] == "Node"
+    metadata = marked.json()["metadata"]
+    assert metadata["deletionTimestamp"] and metadata["deletionGracePeriodSeconds"] == 0
+    assert metadata["generation"] == stored["metadata"]["generation"] + 1
+    assert call(kubeapi, "GET", "/api/v1/nodes/n1").json() == marked.json()
+    assert [n["metadata"]["name"] for n in call(kubeapi, "GET", "/api/v1/nodes").json()["items"]] == ["n1"]
+    assert call(kubeapi, "DELETE", "/api/v1/nodes/n1").json() == marked.json(), "nothing written again"
+    unmarked = {**marked.json(), "metadata": {k: v for k, v in metadata.items() if not k.startswith("deletion")}}
+    kept = call(kubeapi, "PUT", "/api/v1/nodes/n1", unmarked).json()["metadata"]
+    assert (kept["deletionTimestamp"], kept["deletionGracePeriodSeconds"]) == (metadata["deletionTimestamp"], 0)
+    released = {**unmarked, "metadata": {**kept, "finalizers": []}}
+    assert call(kubeapi, "PUT", "/api/v1/nodes/n1", released).status_code == 200
+    assert call(kubeapi, "GET", "/api/v1/nodes/n1").status_code == 404, "its last finalizer gone"
+    created = call(
+        kubeapi, "POST", "/api/v1/nodes", {"metadata": {"name": "n2", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    )
+    assert "deletionTimestamp" not in created.json()["metadata"]
+
+
 @needs_crds
 def test_a_list_names_its_kind_and_a_typed_lists_items_carry_none(kubeapi: KubeApiServer) -> None:
     """A built-in kind's list is encoded from Go's typed list: only the list says `kind` and

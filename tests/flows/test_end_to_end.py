@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from tests.adapters.test_kubeapi_server import call
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
 from tests.support import scenario as s
@@ -128,6 +129,32 @@ def test_max_deletions_defers_the_rest_conflict_first(harness: Harness) -> None:
     assert hosts[s.CONFLICT_ORPHAN]["action"] == "deleted"
     assert hosts[s.POD_ORPHAN]["action"] == "deferred"
     assert any(s.POD_ORPHAN in k for k in harness.dump())
+
+
+def test_a_node_held_by_a_finalizer_is_live_until_it_is_gone(harness: Harness) -> None:
+    """A Node whose delete waits on a finalizer (Karpenter's, while it drains and ends the
+    instance) is still there, marked, and calico-node may still run on it: its Calico data is
+    kept, however long that takes. Once its last finalizer is gone, so is the Node, and its data
+    is an orphan's like any other."""
+    harness.seed(s.kops_cluster())
+    node, nodes = s.LIVE[2], "/api/v1/nodes"
+    stored = harness.kubeapi.get(nodes, node)
+    assert stored is not None
+    harness.kubeapi.put(
+        nodes, {**stored, "metadata": {**stored["metadata"], "finalizers": ["karpenter.sh/termination"]}}
+    )
+    marked = call(harness.kubeapi, "DELETE", f"{nodes}/{node}").json()
+    assert marked["metadata"]["deletionTimestamp"], "being deleted, not gone"
+    config = harness.config(apply=True)
+    report, code = harness.run(config)
+    assert code == 0 and node not in hosts_by_name(report), "a live host: never planned"
+    assert any(node in key for key in harness.dump())
+    call(harness.kubeapi, "PUT", f"{nodes}/{node}", {**marked, "metadata": {**marked["metadata"], "finalizers": []}})
+    assert harness.kubeapi.get(nodes, node) is None
+    calico.delete(harness.etcd.url, f"/calico/felix/v2/no-region/host/{node}/status")  # its lease ran out with it
+    report, _ = harness.run(config)
+    assert hosts_by_name(report)[node]["action"] == "deleted"
+    assert not any(node in key for key in harness.dump())
 
 
 def test_felix_still_reporting_protects_a_host(harness: Harness) -> None:

@@ -88,6 +88,9 @@ POD_GRACE = 30
 # finalizeDelete; the list in kubernetes/kubernetes#78343, from Kubernetes' registries).
 RETURNS_DELETED = frozenset({"pods", "namespaces", "serviceaccounts", "persistentvolumes", "persistentvolumeclaims"})
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+# An object's deletion marks: only a delete sets them; a create clears them, an update keeps the
+# stored ones (`rest.BeforeCreate`, `rest.BeforeUpdate`).
+DELETION_FIELDS = ("deletionTimestamp", "deletionGracePeriodSeconds")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 # Built-in kinds with a status subresource (their status is written through `/status` only).
 STATUS_OWNED = frozenset({"pods", "nodes", "namespaces", "services", "deployments", "daemonsets", "jobs", "cronjobs"})
@@ -362,9 +365,7 @@ class KubeApiServer:
 
     def delete_node(self, name: str) -> None:
         with self._lock:
-            self.objects.get("/api/v1/nodes", {}).pop(name, None)
-            self._uncache("/api/v1/nodes", name)
-            self._next_revision()
+            self._remove("/api/v1/nodes", name)
 
     def fail(self, method: str, path: str, status: int, times: int = 1, body: dict[str, Any] | None = None) -> None:
         """Answer the next `times` matching requests with `status` instead of serving them."""
@@ -555,7 +556,7 @@ class KubeApiServer:
                 return 409, {**exists, "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it
                 return 500, status_body(500, "resourceVersion should not be set on objects to be created")
-            for server_field in SERVER_FIELDS:  # the server assigns these on create, whatever was sent
+            for server_field in (*SERVER_FIELDS, *DELETION_FIELDS):  # the server's, whatever was sent
                 metadata.pop(server_field, None)
             if crd is not None and crd.status_subresource:
                 payload.pop("status", None)  # a custom resource's create sets no status where /status owns it
@@ -595,9 +596,13 @@ class KubeApiServer:
                 if "status" in current:
                     payload["status"] = copy.deepcopy(current["status"])
             payload["metadata"]["uid"] = current["metadata"]["uid"]
-            for server_field in ("creationTimestamp", "generation", "managedFields"):
+            for server_field in ("creationTimestamp", "generation", "managedFields", *DELETION_FIELDS):
                 payload["metadata"].pop(server_field, None)
-            return 200, self._write(collection, payload, crd)
+            payload["metadata"].update({f: current["metadata"][f] for f in DELETION_FIELDS if f in current["metadata"]})
+            written = self._write(collection, payload, crd)
+            if _emptied(written["metadata"]):
+                self._remove(collection, name)
+            return 200, written
         if method == "DELETE":
             # Checked first by `rest.BeforeDelete`, which names the kind where the store names the resource.
             preconditions = payload.get("preconditions") or {}
@@ -612,9 +617,9 @@ class KubeApiServer:
             # DeleteOptions come in the body, else in the query.
             if plural == "pods" and (kept := self._graceful(collection, current, payload or query)) is not None:
                 return 200, kept
-            del items[name]
-            self._uncache(collection, name)
-            self._next_revision()  # a delete is a write: the collection's resourceVersion moves on
+            if current["metadata"].get("finalizers"):
+                return 200, self._finalizing(collection, current)
+            self._remove(collection, name)
             if plural in RETURNS_DELETED:
                 return 200, current
             deleted = {**details, "uid": current["metadata"].get("uid")}  # the store's finalizeDelete
@@ -652,10 +657,34 @@ class KubeApiServer:
                 metadata["generation"] += 1
         metadata["deletionTimestamp"] = ends.strftime("%Y-%m-%dT%H:%M:%SZ")
         metadata["deletionGracePeriodSeconds"] = period
-        metadata["resourceVersion"] = self._next_revision()
-        self.objects[collection][metadata["name"]] = marked
-        self._uncache(collection, metadata["name"])
+        return self._mark(collection, marked)
+
+    def _finalizing(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """An object with finalizers is not deleted but marked (the store's `markAsDeleting`): its
+        `deletionTimestamp` now (or kept, if earlier), a grace of 0, its generation one on the first
+        time; the delete answers it, 200. Once an update leaves it no finalizer, it goes (`_serve`).
+        A delete that changes nothing writes nothing."""
+        marked = copy.deepcopy(obj)
+        metadata = marked["metadata"]
+        if not metadata.get("deletionTimestamp"):
+            metadata["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if metadata.get("generation"):
+                metadata["generation"] += 1
+        metadata["deletionGracePeriodSeconds"] = 0
+        return obj if marked == obj else self._mark(collection, marked)
+
+    def _mark(self, collection: str, marked: dict[str, Any]) -> dict[str, Any]:
+        """Store an object a delete has marked, as the write it is (a new resourceVersion)."""
+        marked["metadata"]["resourceVersion"] = self._next_revision()
+        self.objects[collection][marked["metadata"]["name"]] = marked
+        self._uncache(collection, marked["metadata"]["name"])
         return marked
+
+    def _remove(self, collection: str, name: str) -> None:
+        """Take an object out of the store: a write, so the collection's resourceVersion moves on."""
+        self.objects.get(collection, {}).pop(name, None)
+        self._uncache(collection, name)
+        self._next_revision()
 
     def _uncache(self, collection: str, name: str) -> None:
         """Forget an object's encodings (a list item's JSON, protobuf and Table row) once it changes."""
@@ -1013,6 +1042,13 @@ def _options_problem(method: str, query: dict[str, str]) -> tuple[int, dict[str,
     options = "CreateOptions" if method == "POST" else "UpdateOptions"
     error = crds.Invalid(options, "meta.k8s.io", "", [crds.Cause("FieldValueNotSupported", "fieldValidation", message)])
     return 422, status_body(422, error.message, error.details())
+
+
+def _emptied(metadata: dict[str, Any]) -> bool:
+    """An object an update deletes (the store's `shouldDeleteDuringUpdate`): marked by a delete
+    with no grace left, and its last finalizer gone."""
+    marked, finalizers = metadata.get("deletionTimestamp"), metadata.get("finalizers")
+    return bool(marked) and not metadata.get("deletionGracePeriodSeconds") and not finalizers
 
 
 def _version_problem(crd: crds.Crd | None, payload: dict[str, Any]) -> str | None:
