@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import requests
+from google.protobuf.descriptor import FieldDescriptor
 
 import bench.kdd
 from job.adapters import kube_protobuf
@@ -110,6 +111,30 @@ def test_the_jobs_field_numbers_are_those_the_test_server_encodes_with() -> None
             assert sent_number == number, f"{message}.{name}: {number} against {sent_number}"
             assert sent_kind in scalars.get(bare, {messages.get(bare, bare)}), f"{message}.{name}: {kind}"
             assert sent_repeated == kind.endswith("*"), f"{message}.{name} repeated"
+
+
+def test_the_message_classes_are_the_schema() -> None:
+    """The file descriptor the job writes by hand in protobuf's wire format gives classes whose
+    fields are SCHEMA's: each name (and JSON name), number, repetition and type, a map as a
+    repeated entry of a string key and value."""
+    scalars = {"string": FieldDescriptor.TYPE_STRING, "bytes": FieldDescriptor.TYPE_BYTES}
+    scalars |= {"int64": FieldDescriptor.TYPE_INT64, "int32": FieldDescriptor.TYPE_INT32}
+    for message, fields in kube_protobuf.SCHEMA.items():
+        descriptor = kube_protobuf.MESSAGES[message].DESCRIPTOR
+        assert [(f.name, f.json_name, f.number) for f in descriptor.fields] == [(f, f, n) for f, n, _ in fields]
+        for (field, _, kind), got in zip(fields, descriptor.fields, strict=True):
+            bare = kind.rstrip("*")
+            assert got.is_repeated == (kind.endswith("*") or bare == "map"), f"{message}.{field}"
+            if bare in scalars:
+                assert got.type == scalars[bare], f"{message}.{field}"
+            elif bare == "map":
+                entry = got.message_type
+                assert entry.GetOptions().map_entry and [(f.name, f.type) for f in entry.fields] == [
+                    ("key", FieldDescriptor.TYPE_STRING),
+                    ("value", FieldDescriptor.TYPE_STRING),
+                ]
+            else:
+                assert (got.type, got.message_type.name) == (FieldDescriptor.TYPE_MESSAGE, bare), f"{message}.{field}"
 
 
 def test_the_test_server_refuses_a_field_it_has_no_number_for(kubeapi: KubeApiServer) -> None:
