@@ -63,7 +63,7 @@ def host_name(index: int, names: str = "aws") -> str:
     and instance groups, in no order of the hosts within one, as a GKE node pool names them)."""
     if names == "gke":
         group = hashlib.sha256(f"group-{index // 50}".encode()).hexdigest()[:8]
-        return f"gke-prod-pool-{index % 7}-{group}-{index * 40503 % 65536:04x}"  # an odd factor: no two alike
+        return f"gke-prod-pool-{index % 7}-{group}-{index * 40503 % 65536:04x}"  # odd factor: unique below 65,536
     return f"ip-10-{index // 250}-{index % 250}-10.ec2.internal"
 
 
