@@ -33,6 +33,7 @@ from job.config import Config
 from job.core.kept import NO_KUBEVIRT, KubeVirt
 from job.core.leaks import ANY_NAMESPACE
 from job.core.model import KubeNode, NetworkUnavailable, PodInfo
+from job.core.report import MAX_WARNINGS
 
 log = structlog.get_logger("calico_gc.kube")
 T = TypeVar("T")
@@ -140,7 +141,6 @@ class UnreadableItem(ValueError):
 
 
 _ITEM_AT = re.compile(r"`\$\.items\[(\d+)\]([^`]*)`")
-MAX_WARNINGS = 20  # distinct warnings a report lists
 # One warning of a `Warning` header (RFC 7234): a code, an agent, the text as a quoted-string.
 _WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
 

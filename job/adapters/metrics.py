@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from job.core.model import parse_time
+from job.core.report import MAX_WARNINGS
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -45,7 +46,7 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool, gra
     )
     Gauge(
         "calico_gc_api_server_warnings",
-        "Distinct warnings the Kubernetes API server sent during the run (at most 20)",
+        f"Distinct warnings the Kubernetes API server sent during the run (at most {MAX_WARNINGS})",
         registry=registry,
     ).set(len(report["kubernetes"]["warnings"]))
     counts = health.get("summary") or {}

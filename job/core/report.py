@@ -15,6 +15,7 @@ from job.core.model import Action, DataProblem, HostDecision, Plan
 
 SCHEMA_VERSION = "calico-gc/report/v1"
 SCHEMA_PATH = Path(__file__).parent.parent / "report.schema.json"  # the report's public contract, at the top
+MAX_WARNINGS = 20  # distinct API server warnings a report lists (the schema's `kubernetes.warnings` maxItems)
 HOSTS_PER_FETCH = 100  # hosts whose missing before-values are fetched together as the report is written
 
 # Given (key, revision) pairs, the values those keys held at those revisions, where still known.

@@ -12,8 +12,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from job.adapters.kube import MAX_WARNINGS
-from job.core.report import render_text
+from job.core.report import MAX_WARNINGS, SCHEMA_PATH, render_text
 from tests.conftest import Harness, hosts_by_name
 from tests.support import crds, objects
 from tests.support.calico import CalicoSeed
@@ -250,6 +249,8 @@ def test_a_report_lists_the_first_warnings_and_the_log_every_one(harness: Harnes
     assert code == 0
     assert report["kubernetes"]["warnings"] == [{"warning": t, "request": f"GET {path}"} for t in texts[:MAX_WARNINGS]]
     assert [line["warning"] for line in logs if line["event"] == "api_server_warning"] == texts
+    schema = json.loads(SCHEMA_PATH.read_text())["properties"]["kubernetes"]["properties"]["warnings"]
+    assert schema["maxItems"] == MAX_WARNINGS, "the schema says the cap the report keeps"
 
 
 def test_a_field_the_clusters_crd_does_not_have_is_refused_not_dropped(harness: Harness, group: Group) -> None:

@@ -289,7 +289,7 @@ class KubeApiServer:
             obj.setdefault("apiVersion", _api_version_of(collection))
             metadata = obj.setdefault("metadata", {})
             current = self.objects.get(collection, {}).get(metadata.get("name"))
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            now = _timestamp(datetime.now(UTC))
             old = (current or {}).get("metadata") or {}
             metadata.setdefault("uid", old.get("uid") or str(uuid.uuid4()))
             metadata.setdefault("creationTimestamp", old.get("creationTimestamp") or now)
@@ -655,7 +655,7 @@ class KubeApiServer:
             ends = datetime.now(UTC) + timedelta(seconds=period)
             if metadata.get("generation"):
                 metadata["generation"] += 1
-        metadata["deletionTimestamp"] = ends.strftime("%Y-%m-%dT%H:%M:%SZ")
+        metadata["deletionTimestamp"] = _timestamp(ends)
         metadata["deletionGracePeriodSeconds"] = period
         return self._mark(collection, marked)
 
@@ -667,7 +667,7 @@ class KubeApiServer:
         marked = copy.deepcopy(obj)
         metadata = marked["metadata"]
         if not metadata.get("deletionTimestamp"):
-            metadata["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            metadata["deletionTimestamp"] = _timestamp(datetime.now(UTC))
             if metadata.get("generation"):
                 metadata["generation"] += 1
         metadata["deletionGracePeriodSeconds"] = 0
@@ -1042,6 +1042,11 @@ def _options_problem(method: str, query: dict[str, str]) -> tuple[int, dict[str,
     options = "CreateOptions" if method == "POST" else "UpdateOptions"
     error = crds.Invalid(options, "meta.k8s.io", "", [crds.Cause("FieldValueNotSupported", "fieldValidation", message)])
     return 422, status_body(422, error.message, error.details())
+
+
+def _timestamp(when: datetime) -> str:
+    """A metav1.Time as the server writes it: RFC 3339, whole seconds, UTC."""
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _emptied(metadata: dict[str, Any]) -> bool:
