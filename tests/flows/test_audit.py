@@ -176,6 +176,31 @@ def test_dual_stack_on_etcd_v3_pools_of_each_version_and_the_orphans_ipv6_block(
     assert calico.ipam_problems(after) == []
 
 
+def test_the_benchs_dual_stack_fleet_is_read_whole_and_its_orphans_go_from_both_families(harness: Harness) -> None:
+    """bench.generate's dual-stack layout (what `make bench` times) is a fleet the job reads
+    whole: no problem found in it, every gone host's IPv4 and IPv6 blocks, affinities, handles and
+    endpoints planned and deleted, and what is left is IPAM `calicoctl ipam check` accepts."""
+    from bench.generate import datastore, host_name, load, orphan_indexes
+
+    hosts, orphans = 24, 4
+    gone = orphan_indexes(hosts, orphans, "namespaces")
+    for index in set(range(hosts)) - gone:
+        harness.kubeapi.add_node(host_name(index, "gke"), f"10.0.{index}.10")
+    load(harness.etcd.url, datastore(hosts, orphans, 3, shape="namespaces", hashed=True, names="gke", families="dual"))
+    before = {k: v for k, (v, _) in harness.dump().items()}
+    assert sum("/ipv6/block/" in k for k in before) == 2 * hosts, "a block and an affinity per host"
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["errors"] == [] and report["audit"]["leaked_ips"]["count"] == 0
+    assert report["summary"]["deleted"] == orphans == report["summary"]["orphaned"]
+    after = {k: v for k, (v, _) in harness.dump().items()}
+    for index in range(hosts):
+        name = host_name(index, "gke")
+        held = {k for k in after if name in k or name.replace("-", "--") in k}
+        assert bool(held) is (index not in gone), name
+    assert sum("/ipv6/block/" in k for k in after) == 2 * (hosts - orphans)
+    assert calico.ipam_problems(after) == []
+
+
 def test_dual_stack_on_etcd_v2_the_orphans_ipv6_block_goes_and_the_v6_pool_is_checked(harness: Harness) -> None:
     from tests.support.calico2 import LIVE, ORPHAN, kops_18_cluster
 

@@ -12,11 +12,15 @@ from job.core.model import IpamHandle, Step, StoredItem
 
 
 def ip_number(text: str) -> tuple[int, int] | None:
-    """ipam.address_number, IPv4 by the C library: a read looks up every workload endpoint's or
-    pod's IP in the blocks (105,000 IPs: 14 ms, against 95 ms parsed in Python)."""
+    """ipam.address_number by the C library: a read looks up every workload endpoint's or pod's
+    IP in the blocks (105,000 IPv4 IPs: 14 ms, against 95 ms parsed in Python)."""
     try:
         return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
     except (OSError, ValueError):  # not IPv4 (or not text an address can be)
+        pass
+    try:
+        return 6, int.from_bytes(socket.inet_pton(socket.AF_INET6, text), "big")
+    except (OSError, ValueError):  # not IPv6 either, or in a form the C library does not read (a zone)
         return address_number(text)
 
 
