@@ -10,6 +10,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from job.core.report import MAX_WARNINGS, SCHEMA_PATH, render_text
@@ -219,6 +220,47 @@ def test_apply_removes_the_gone_nodes_data_as_calico_would(harness: Harness, gro
     assert change["op"] == "delete" and json.loads(change["before"])["allocations"][5] is not None
     assert tombstones == [[None] * 64]
     assert harness.kubeapi.count("PUT", f"^{api}/blockaffinities/{GONE}-100-96-8-0-26$") == 1, "pendingDeletion first"
+
+
+def test_an_affinity_whose_cidr_is_no_network_is_said_and_kept(harness: Harness, group: Group) -> None:
+    """crd.projectcalico.org/v1 takes any string as a BlockAffinity's `spec.cidr` (projectcalico.org/v3
+    checks `format: cidr`): one that is no network is a `malformed_value` naming it, kept, and the
+    host's other data goes as before. It ended the run with `unexpected` (exit 1)."""
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    odd = {"node": GONE, "state": "confirmed", "deleted": group.affinity_deleted, "type": "host"}
+    if group is V3:
+        with pytest.raises(AssertionError, match="real API server would refuse"):
+            harness.kubeapi.put(f"{api}/blockaffinities", {"metadata": {"name": "odd"}, "spec": {**odd, "cidr": "x"}})
+        return
+    for name, cidr in (("odd", "not-a-cidr"), ("empty", "")):
+        harness.kubeapi.put(f"{api}/blockaffinities", {"metadata": {"name": name}, "spec": {**odd, "cidr": cidr}})
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    assert [(e["kind"], e["key"], e["message"]) for e in report["errors"]] == [
+        ("malformed_value", "blockaffinities/empty", "spec.cidr '' is not a network"),
+        ("malformed_value", "blockaffinities/odd", "spec.cidr 'not-a-cidr' is not a network"),
+    ]
+    after = snapshot(harness.kubeapi, group)
+    assert {"blockaffinities/odd", "blockaffinities/empty"} <= set(after)
+    assert f"blockaffinities/{GONE}-100-96-9-0-26" not in after
+
+
+def test_an_ip_pool_kept_from_before_its_crd_checked_its_cidr_is_said_not_a_crash(
+    harness: Harness, group: Group
+) -> None:
+    """An IPPool's `spec.cidr` is `format: cidr` in today's CRDs, but a CRD's validation binds
+    only writes: a pool stored before it may hold any string. Said as on etcd (`malformed_value`),
+    and the audit counts the other pools. It ended the run with `unexpected` (exit 1)."""
+    seed_kdd(harness.kubeapi, group)
+    spec = {"cidr": "100.96.0.0/1x", "ipipMode": "Never", "vxlanMode": "Never", "natOutgoing": False}
+    harness.kubeapi.put(f"{group.path}/ippools", {"metadata": {"name": "old"}, "spec": spec}, admitted=True)
+    report, code = harness.run(kdd(harness))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "would_delete"
+    assert [(e["kind"], e["key"], e["message"]) for e in report["errors"]] == [
+        ("malformed_value", "ippools/old", "IP pool cidr '100.96.0.0/1x' is not a network")
+    ]
+    assert [p["cidr"] for p in report["audit"]["pools"]] == ["100.96.0.0/16"]
 
 
 def test_a_warning_the_server_sends_is_logged_once_a_run(harness: Harness, group: Group) -> None:

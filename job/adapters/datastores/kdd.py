@@ -20,7 +20,6 @@ the listed pods' IPs (flows/run.py, `Inventory.pods_are_endpoints`).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
@@ -34,7 +33,7 @@ from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_n
 from job.adapters.kube import Kube, KubeError, typed_page
 from job.config import MAX_IP_COOLDOWN_S
 from job.core.inventory import Inventory
-from job.core.ipam import block_shape_problem, summarize_block, tunnel_handle_node
+from job.core.ipam import block_shape_problem, parse_cidr, summarize_block, tunnel_handle_node
 from job.core.model import (
     CREATE,
     BlockAffinity,
@@ -291,8 +290,15 @@ class KddDatastore:
             node, block_cidr = (spec.get("node"), spec.get("cidr")) if isinstance(spec, dict) else (None, None)
             item = self._listed(AFFINITIES, obj, problems)
             if item is not None and isinstance(node, str) and isinstance(block_cidr, str):
-                network = ipaddress.ip_network(block_cidr, strict=False)
-                affinities[node].append(BlockAffinity(item, node, str(network)))
+                # crd.projectcalico.org/v1 takes any string here: one that is no network is said
+                # and kept, as a key etcd holds in no affinity's shape is.
+                network = parse_cidr(block_cidr, strict=False)
+                if network is None:
+                    problems.append(
+                        DataProblem("malformed_value", item.key, f"spec.cidr {block_cidr!r} is not a network")
+                    )
+                else:
+                    affinities[node].append(BlockAffinity(item, node, network.text))
 
         def node_config(plural: str, obj: _Object) -> None:
             name = obj.metadata.name
@@ -367,11 +373,11 @@ class KddDatastore:
             # A tombstone (`deleted: true`) is a deletion its writer did not finish. Calico's own
             # readers treat it as gone, but while it exists its CIDR cannot be claimed again, so it
             # is kept here as a block: an orphan's is finished like any other empty block of it.
-            try:
-                cidr = str(ipaddress.ip_network(str(spec.get("cidr") if isinstance(spec, dict) else None)))
-            except ValueError:
+            network = parse_cidr(str(spec.get("cidr") if isinstance(spec, dict) else None))
+            if network is None:
                 problems.append(DataProblem("malformed_value", key, "bad cidr"))
                 return None
+            cidr = network.text
             problem = block_shape_problem(spec, cidr)
             item = self._stored(BLOCKS, _meta(obj.metadata), spec, problems)
             if problem is not None or item is None:
@@ -442,9 +448,23 @@ class KddDatastore:
         return ClusterInfo(migration=self._migration)
 
     def _pools(self, problems: list[DataProblem]) -> tuple[str, ...]:
-        specs = self._list("ippools", problems, lambda obj: msgspec.json.decode(obj.spec), required=False)
-        cidrs = [spec.get("cidr") for spec in specs if isinstance(spec, dict)]
-        return tuple(sorted(c for c in cidrs if isinstance(c, str)))
+        cidrs: list[str] = []
+
+        def pool(obj: _Object) -> None:
+            spec = msgspec.json.decode(obj.spec)
+            cidr = spec.get("cidr") if isinstance(spec, dict) else None
+            network = parse_cidr(cidr, strict=False) if isinstance(cidr, str) else None
+            if network is not None:
+                cidrs.append(network.text)
+            elif cidr is not None:  # kept from before its CRD checked `format: cidr`
+                problems.append(
+                    DataProblem(
+                        "malformed_value", f"ippools/{obj.metadata.name}", f"IP pool cidr {cidr!r} is not a network"
+                    )
+                )
+
+        self._list("ippools", problems, pool, required=False)
+        return tuple(sorted(cidrs))
 
     def _ip_cooldown(self, problems: list[DataProblem]) -> int | None:
         """IPAMConfig `default`'s ipCooldownSeconds: 0 when unset or when there is no IPAMConfig (as
