@@ -506,10 +506,12 @@ class KddDatastore:
                 node_controller="node" in enabled.split(",") if enabled else True,
             )
             break
-        config = self._get(self.group.path("kubecontrollersconfigurations", "default"))
-        node = (((config or {}).get("spec") or {}).get("controllers") or {}).get("node")
-        if node is not None:
-            found["leak_grace_period"] = node.get("leakGracePeriod", "15m")  # Calico's default
+        config: Any = self._get(self.group.path("kubecontrollersconfigurations", "default"))
+        for field in ("spec", "controllers", "node"):  # a custom resource may hold any shape
+            config = config.get(field) if isinstance(config, dict) else None
+        if isinstance(config, dict):
+            period = config.get("leakGracePeriod", "15m")  # Calico's default
+            found["leak_grace_period"] = period if isinstance(period, str) else None  # None: not known
         return found
 
     def _get(self, path: str) -> dict[str, Any] | None:
