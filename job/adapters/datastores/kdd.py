@@ -507,8 +507,8 @@ class KddDatastore:
             )
             break
         config: Any = self._get(self.group.path("kubecontrollersconfigurations", "default"))
-        for field in ("spec", "controllers", "node"):  # a custom resource may hold any shape
-            config = config.get(field) if isinstance(config, dict) else None
+        for name in ("spec", "controllers", "node"):  # a custom resource may hold any shape
+            config = config.get(name) if isinstance(config, dict) else None
         if isinstance(config, dict):
             period = config.get("leakGracePeriod", "15m")  # Calico's default
             found["leak_grace_period"] = period if isinstance(period, str) else None  # None: not known
