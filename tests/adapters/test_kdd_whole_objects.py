@@ -171,16 +171,16 @@ ODD_VALUES: tuple[Any, ...] = (
 )  # fmt: skip
 
 
-def _leaves(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+def leaves(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
     """The path of every value under `value`, containers included."""
     if path:
         yield path
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _leaves(item, (*path, key))
+            yield from leaves(item, (*path, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from _leaves(item, (*path, index))
+            yield from leaves(item, (*path, index))
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -197,7 +197,7 @@ def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(
     changed = []
     for collection, stored in harness.kubeapi.copy_under(V1.path).items():
         for name, obj in sorted(stored.items()):
-            *parents, last = rng.choice(list(_leaves(obj["spec"])))
+            *parents, last = rng.choice(list(leaves(obj["spec"])))
             holder = obj["spec"]
             for step in parents:
                 holder = holder[step]
