@@ -4,6 +4,7 @@ Runs against the real etcd with --enable-v2, seeded with a Calico 2.6 (kops 1.8)
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from job.adapters.datastores.etcdv2 import build_inventory
 from job.cli import main
 from job.core.ipam import block_shape_problem
 from job.core.model import ClusterInfo, StoredItem
+from tests.adapters.test_kdd_whole_objects import ODD_VALUES, leaves
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico2
 from tests.support.calico2 import BACKLOG, CONFLICT_ORPHAN, LIVE, NEW_NODE, ORPHAN, kops_18_cluster
@@ -184,3 +186,40 @@ def test_the_v2_layout_maps_onto_the_shared_model() -> None:
     assert backlog.k8s_node is None
     live = next(h for h in inventory.hosts if h.name == LIVE[0])
     assert live.felix_alive
+
+
+@pytest.mark.parametrize("seed", range(80, 92))  # 4 of them failed without the fix to _endpoint
+def test_a_value_of_any_shape_anywhere_is_said_never_a_crash(harness: Harness, seed: int) -> None:
+    """Calico 2.x's keys as a script or an old tool may have left them: in every value of the
+    kops 1.8 fixture one value, drawn at random, is replaced by one of another shape (a JSON
+    value's leaf; a plain value, such as a host's address, whole), as on etcd v3
+    (test_boundaries.py). Every run, dry or applying, ends in a decision, never in `unexpected`.
+    Found this way: an endpoint whose `ipv4_nets` is no list. 150 seeds passed once it was fixed."""
+    rng = random.Random(seed)
+    cluster, k8s = kops_18_cluster()
+    changed = []
+    for key, (text, ttl) in sorted(cluster.keys.items()):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        paths = list(leaves(value)) if isinstance(value, (dict, list)) else []
+        odd = rng.choice(ODD_VALUES)
+        if paths:
+            *parents, last = rng.choice(paths)
+            holder = value
+            for step in parents:
+                holder = holder[step]
+            holder[last] = odd
+            text = json.dumps(value)
+        else:
+            text = odd if isinstance(odd, str) else json.dumps(odd)
+        changed.append((key, text[:60]))
+        cluster.keys[key] = (text, ttl)
+    cluster.load(harness.etcd.url)
+    for name, ip in k8s:
+        harness.kubeapi.add_node(name, ip)
+    for apply in (False, True):
+        report, code = harness.run(v2(harness, apply=apply, max_orphan_fraction=1.0))  # type: ignore[arg-type]
+        assert [e for e in report["errors"] if e["kind"] == "unexpected"] == [], changed
+        assert code != 1, changed

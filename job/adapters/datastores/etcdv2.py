@@ -140,12 +140,9 @@ def _endpoint(name: str, collected: Collected, item: StoredItem) -> WorkloadEndp
     if not (len(parts) == 5 and parts[0] == "workload" and parts[3] == "endpoint"):
         return None
     value = collected.json(item)
-    nets = [
-        n
-        for field in ("ipv4_nets", "ipv6_nets")
-        for n in (value.get(field) or [] if isinstance(value, dict) else [])
-        if isinstance(n, str)
-    ]
+    listed = [value.get(field) for field in ("ipv4_nets", "ipv6_nets")] if isinstance(value, dict) else []
+    # A list of another shape names no IP, as on etcd v3 (_endpoint_of_any_shape).
+    nets = [n for nets in listed if isinstance(nets, list) for n in nets if isinstance(n, str)]
     return WorkloadEndpoint(item, name, tuple(n.split("/", 1)[0] for n in nets))
 
 
