@@ -44,7 +44,9 @@ def _source_problem(source: Mapping[str, Any], datastore: Datastore) -> str | No
         return f"not a calico-gc run report (schema {source.get('schema')!r}, expected {SCHEMA_VERSION})"
     if source.get("mode") != "apply":
         return f"run {source.get('run_id')} was a dry run: it removed nothing"
-    kept = source.get("datastore") or {}
+    kept = source.get("datastore")
+    if not isinstance(kept, dict):  # a report edited by hand: said, as any other shape
+        return f"run {source.get('run_id')}'s report has datastore {kept!r}, not an object"
     if kept.get("type") != datastore.type:
         return f"run {source.get('run_id')} worked on a {kept.get('type')} datastore, this one is {datastore.type}"
     if isinstance(datastore, KddDatastore):
@@ -207,7 +209,7 @@ def _document(
         "schema": RESTORE_SCHEMA,
         "tool": {"name": "calico-gc", "version": __version__},
         "run_id": deps.run_id,
-        "source_run_id": source.get("run_id"),
+        "source_run_id": run_id if isinstance(run_id := source.get("run_id"), str) else None,
         "started_at": timestamp(started),
         "finished_at": timestamp(deps.clock()),
         "mode": "apply" if config.apply else "dry-run",

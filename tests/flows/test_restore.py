@@ -5,6 +5,7 @@ is touched: an IP allocated again, an address another host holds, a key written 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from job.adapters.datastores.base import DatastoreError
 from job.config import Command, load
 from job.core.model import Step
+from tests.adapters.test_kdd_whole_objects import ODD_VALUES, leaves
 from tests.conftest import Harness
 from tests.support import calico
 from tests.support import scenario as s
@@ -283,3 +285,28 @@ def test_a_stop_signal_before_a_host_leaves_it_untouched_and_exits_143(
     assert code == 143 and document["outcome"] == "interrupted"
     assert {(h["action"], h.get("error")) for h in document["hosts"]} == {("skipped", "interrupted")}
     assert harness.dump() == after_gc
+
+
+@pytest.mark.parametrize("seed", [*range(30, 40), 206, 210])  # 36, 206, 210 failed before the fix
+def test_a_report_with_a_value_of_any_shape_anywhere_is_refused_or_restored_never_a_crash(
+    harness: Harness, seed: int
+) -> None:
+    """A kept report edited by hand or by another tool, anywhere: three values drawn at random in
+    the whole document are replaced by values of another shape (test_kdd_whole_objects.ODD_VALUES).
+    The restore, applying, refuses it or restores what it can; it never ends in `unexpected` (the
+    job's own bug; exit 1). Found this way: a `datastore` that is no object, and a `run_id` that is
+    no string (the restore's own report then failed its schema). 200 seeds passed once fixed."""
+    rng = random.Random(seed)
+    _, report = collected(harness)
+    tampered = json.loads(json.dumps(report))
+    changed = []
+    for _ in range(3):
+        *parents, last = rng.choice(list(leaves(tampered)))
+        holder = tampered
+        for step in parents:
+            holder = holder[step]
+        holder[last] = rng.choice(ODD_VALUES)
+        changed.append(([*parents, last], holder[last]))
+    document, code = harness.restore(harness.config(apply=True), source=tampered)
+    assert [e for e in document["errors"] if e["kind"] == "unexpected"] == [], changed
+    assert code != 1, changed
