@@ -403,6 +403,7 @@ def test_values_of_the_wrong_json_type_are_reported_with_their_key(harness: Harn
     assert [e for e in report["errors"] if e.get("key") == target[0]], f"{kind} is reported with its key"
 
 
+@pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", range(16))
 def test_a_value_of_any_shape_anywhere_in_an_etcd_value_is_said_never_a_crash(harness: Harness, seed: int) -> None:
     """Whatever wrote etcd (a script, an old Calico, a half-finished tool), a value may be of any

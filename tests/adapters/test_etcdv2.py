@@ -188,6 +188,7 @@ def test_the_v2_layout_maps_onto_the_shared_model() -> None:
     assert live.felix_alive
 
 
+@pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", range(80, 92))  # 4 of them failed without the fix to _endpoint
 def test_a_value_of_any_shape_anywhere_is_said_never_a_crash(harness: Harness, seed: int) -> None:
     """Calico 2.x's keys as a script or an old tool may have left them: in every value of the

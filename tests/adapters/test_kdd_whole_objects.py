@@ -183,6 +183,7 @@ def leaves(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str |
             yield from leaves(item, (*path, index))
 
 
+@pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", range(16))
 def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(harness: Harness, seed: int) -> None:
     """A custom resource's schema binds only writes (a CRD tightened later, `x-kubernetes-

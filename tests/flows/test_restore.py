@@ -287,6 +287,7 @@ def test_a_stop_signal_before_a_host_leaves_it_untouched_and_exits_143(
     assert harness.dump() == after_gc
 
 
+@pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", [*range(30, 40), 206, 210])  # 36, 206, 210 failed before the fix
 def test_a_report_with_a_value_of_any_shape_anywhere_is_refused_or_restored_never_a_crash(
     harness: Harness, seed: int
