@@ -23,11 +23,11 @@ from job.core.model import Step
 from job.core.report import render_text
 from job.flows.run import run
 from tests.adapters.test_kdd import seed_kdd
-from tests.adapters.test_kdd_whole_objects import ODD_VALUES, leaves
 from tests.conftest import Harness, hosts_by_name, validate_report
 from tests.support import calico
 from tests.support import scenario as s
 from tests.support.etcd_server import free_port
+from tests.support.odd_values import replace_one
 
 
 def serve(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
@@ -408,7 +408,7 @@ def test_values_of_the_wrong_json_type_are_reported_with_their_key(harness: Harn
 def test_a_value_of_any_shape_anywhere_in_an_etcd_value_is_said_never_a_crash(harness: Harness, seed: int) -> None:
     """Whatever wrote etcd (a script, an old Calico, a half-finished tool), a value may be of any
     shape: in every JSON value of the kops fixture one value, drawn at random, is replaced by one of
-    another shape (test_kdd_whole_objects.ODD_VALUES). Every run, dry or applying, ends in a
+    another shape (support.odd_values). Every run, dry or applying, ends in a
     decision, never in `unexpected` (the job's own bug; exit 1). 200 more seeds passed when it
     was written; 16 run here."""
     rng = random.Random(seed)
@@ -416,15 +416,7 @@ def test_a_value_of_any_shape_anywhere_in_an_etcd_value_is_said_never_a_crash(ha
     changed = []
     for key, text in sorted(scenario.seed.keys.items()):
         value = json.loads(text)
-        paths = list(leaves(value))
-        if not paths:
-            continue
-        *parents, last = rng.choice(paths)
-        holder = value
-        for step in parents:
-            holder = holder[step]
-        holder[last] = rng.choice(ODD_VALUES)
-        changed.append((key, [*parents, last], holder[last]))
+        changed.append((key, replace_one(value, rng)))
         scenario.seed.keys[key] = json.dumps(value)
     harness.seed(scenario)
     for apply in (False, True):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from tests.conftest import Harness, hosts_by_name
 from tests.support import crds, objects
 from tests.support.groups import V1, Group
 from tests.support.kubeapi import KubeApiServer
+from tests.support.odd_values import replace_one
 
 # Where absence means something to Calico (and so to the job), a field is not added; nor where
 # the CRD's CEL rules refuse it beside another (a per-node FelixConfiguration has no nodeSelector,
@@ -163,32 +163,12 @@ def test_apply_on_full_objects_writes_what_the_real_server_admits(harness: Harne
         assert kept == {k: v for k, v in before[key]["spec"].items() if k in kept}
 
 
-# Values of every JSON type, and strings of the kinds the job parses (addresses, networks, times,
-# numbers), none of them what the field holds.
-ODD_VALUES: tuple[Any, ...] = (
-    None, True, 0, -1, 2**70, 1.5, "", "x", "10.0.0.0/33", "::", "fd00::1%eth0", "2026-13-01T00:00:00Z", "1e3",
-    "\u0000", [], [None], {}, {"x": 1},
-)  # fmt: skip
-
-
-def leaves(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
-    """The path of every value under `value`, containers included."""
-    if path:
-        yield path
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from leaves(item, (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from leaves(item, (*path, index))
-
-
 @pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", range(16))
 def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(harness: Harness, seed: int) -> None:
     """A custom resource's schema binds only writes (a CRD tightened later, `x-kubernetes-
     preserve-unknown-fields`, a v1 field of any string): in every Calico object of the fixture one
-    value, drawn at random, is replaced by a value of another shape (ODD_VALUES), stored as the
+    value, drawn at random, is replaced by a value of another shape (support.odd_values), stored as the
     server would keep it. Every run, dry or applying, ends in a decision, never in `unexpected`
     (the job's own bug; exit 1). Found this way: an affinity's or a pool's cidr that is no network,
     and a KubeControllersConfiguration whose `controllers.node` is no object. 200 more seeds passed
@@ -198,12 +178,7 @@ def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(
     changed = []
     for collection, stored in harness.kubeapi.copy_under(V1.path).items():
         for name, obj in sorted(stored.items()):
-            *parents, last = rng.choice(list(leaves(obj["spec"])))
-            holder = obj["spec"]
-            for step in parents:
-                holder = holder[step]
-            holder[last] = rng.choice(ODD_VALUES)
-            changed.append((name, [*parents, last], holder[last]))
+            changed.append((name, replace_one(obj["spec"], rng)))
             harness.kubeapi.put(collection, obj, admitted=True)
     for apply in (False, True):
         report, code = harness.run(kdd(harness, apply=apply))

@@ -14,10 +14,10 @@ import pytest
 from job.adapters.datastores.base import DatastoreError
 from job.config import Command, load
 from job.core.model import Step
-from tests.adapters.test_kdd_whole_objects import ODD_VALUES, leaves
 from tests.conftest import Harness
 from tests.support import calico
 from tests.support import scenario as s
+from tests.support.odd_values import replace_one
 
 CART3_ENDPOINT = "ip--10--0--1--20.ec2.internal-k8s-cart--3-eth0"
 ORPHAN_BLOCK = "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"  # lends 100.96.20.9 to a live pod
@@ -293,7 +293,7 @@ def test_a_report_with_a_value_of_any_shape_anywhere_is_refused_or_restored_neve
     harness: Harness, seed: int
 ) -> None:
     """A kept report edited by hand or by another tool, anywhere: three values drawn at random in
-    the whole document are replaced by values of another shape (test_kdd_whole_objects.ODD_VALUES).
+    the whole document are replaced by values of another shape (support.odd_values).
     The restore, applying, refuses it or restores what it can; it never ends in `unexpected` (the
     job's own bug; exit 1). Found this way: a `datastore` that is no object, and a `run_id` that is
     no string (the restore's own report then failed its schema). 200 seeds passed once fixed."""
@@ -302,12 +302,7 @@ def test_a_report_with_a_value_of_any_shape_anywhere_is_refused_or_restored_neve
     tampered = json.loads(json.dumps(report))
     changed = []
     for _ in range(3):
-        *parents, last = rng.choice(list(leaves(tampered)))
-        holder = tampered
-        for step in parents:
-            holder = holder[step]
-        holder[last] = rng.choice(ODD_VALUES)
-        changed.append(([*parents, last], holder[last]))
+        changed.append(replace_one(tampered, rng))
     document, code = harness.restore(harness.config(apply=True), source=tampered)
     assert [e for e in document["errors"] if e["kind"] == "unexpected"] == [], changed
     assert code != 1, changed

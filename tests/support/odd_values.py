@@ -1,0 +1,43 @@
+"""Values of another shape than a field holds, put in place of one value drawn at random: what
+the value-of-any-shape tests store, as a script, an old Calico or a hand edit may leave them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+# Values of every JSON type, and strings of the kinds the job parses (addresses, networks, times,
+# numbers), none of them what the field holds.
+ODD_VALUES: tuple[Any, ...] = (
+    None, True, 0, -1, 2**70, 1.5, "", "x", "10.0.0.0/33", "::", "fd00::1%eth0", "2026-13-01T00:00:00Z", "1e3",
+    "\u0000", [], [None], {}, {"x": 1},
+)  # fmt: skip
+
+Path = list[str | int]
+
+
+def leaves(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    """The path of every value under `value`, containers included."""
+    if path:
+        yield path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from leaves(item, (*path, index))
+
+
+def replace_one(value: Any, rng: random.Random) -> tuple[Path, Any] | None:
+    """Replace one value under `value`, its path drawn first, then one of ODD_VALUES: the path and
+    the value put there, for the test's message; None where `value` holds nothing (no draw)."""
+    paths = list(leaves(value))
+    if not paths:
+        return None
+    *parents, last = rng.choice(paths)
+    holder = value
+    for step in parents:
+        holder = holder[step]
+    holder[last] = odd = rng.choice(ODD_VALUES)
+    return [*parents, last], odd
