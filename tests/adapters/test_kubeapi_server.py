@@ -833,6 +833,48 @@ def test_a_scheduled_pods_delete_is_graceful_until_its_kubelet_confirms(kubeapi:
         assert kubeapi.get(path, name) is None, name
 
 
+@pytest.mark.parametrize(
+    ("body", "query", "code", "message"),
+    [
+        (None, {"gracePeriodSeconds": "soon"}, 400, 'strconv.ParseInt: parsing "soon": invalid syntax'),
+        (None, {"gracePeriodSeconds": "9" * 20}, 400, f'strconv.ParseInt: parsing "{"9" * 20}": value out of range'),
+        (None, {"orphanDependents": "yes"}, 400, 'strconv.ParseBool: parsing "yes": invalid syntax'),
+        (
+            {"gracePeriodSeconds": "5"},
+            {},
+            500,
+            "json: cannot unmarshal string into Go struct field DeleteOptions.gracePeriodSeconds of type int64",
+        ),
+        (
+            {"preconditions": {"uid": 5}, "gracePeriodSeconds": 1.5},
+            {},
+            500,
+            "json: cannot unmarshal number into Go struct field Preconditions.preconditions.uid of type types.UID",
+        ),
+    ],
+)
+def test_delete_options_the_handler_cannot_decode_are_refused_and_nothing_is_deleted(
+    kubeapi: KubeApiServer, body: Any, query: dict[str, str], code: int, message: str
+) -> None:
+    """The delete handler decodes its DeleteOptions from the body, else from the query, before
+    anything else: a query value its parameter's type does not parse is a 400 BadRequest in
+    strconv's words (`DecodeParameters`), a body's type error the decoder's own error passed on
+    as a 500 of no reason (`scope.err` of an error that is no Status), the first in the body's
+    order. Of a pod and of a Node alike; the object stays. The test server once dropped the
+    connection (a pod's) or ignored the value (any other kind's)."""
+    kubeapi.add_pod("shop", "cart", "n1", "10.0.0.5")
+    kubeapi.add_node("n1")
+    for path in ("/api/v1/namespaces/shop/pods/cart", "/api/v1/nodes/n1"):
+        answer = call(kubeapi, "DELETE", path, body, **query)
+        assert answer.status_code == code, path
+        assert answer.json()["message"] == message
+        assert answer.json().get("reason") == ("BadRequest" if code == 400 else None)
+    assert kubeapi.get("/api/v1/namespaces/shop/pods", "cart") is not None
+    assert kubeapi.get("/api/v1/nodes", "n1") is not None
+    marked = call(kubeapi, "DELETE", "/api/v1/namespaces/shop/pods/cart", {}, gracePeriodSeconds="soon")
+    assert marked.json()["metadata"]["deletionGracePeriodSeconds"] == 30, "a body, even {}, and the query is not read"
+
+
 def test_an_object_with_finalizers_is_marked_by_a_delete_and_goes_with_its_last_finalizer(
     kubeapi: KubeApiServer,
 ) -> None:

@@ -75,6 +75,7 @@ POD_FIELDS = {
     "status.nominatedNodeName": lambda p: (p.get("status") or {}).get("nominatedNodeName", ""),
 }
 NO_VERSION = "must be specified for an update"  # the store's words for an update without a resourceVersion
+GO_BOOLS = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")  # strconv.ParseBool's
 FIELD_VALIDATIONS = ("", "Ignore", "Strict", "Warn")  # what a write's `fieldValidation` may say, sorted
 # A delete's preconditions as `rest.BeforeDelete` checks them, in order: field, its name there, and why it differs.
 DELETE_PRECONDITIONS = (
@@ -485,6 +486,10 @@ class KubeApiServer:
                 return 400, status_body(400, "request body is not JSON")
             if not isinstance(payload, dict):
                 return 400, status_body(400, "the body of the request is not a JSON object")
+            if method == "DELETE":
+                problem, payload = _delete_options(payload if body else None, query)
+                if problem:
+                    return problem
             if method in ("POST", "PUT") and (
                 problem := self._decoded(method, parts.path, plural, payload, crd, query, repeats)
                 or _version_problem(crd, payload)
@@ -614,8 +619,7 @@ class KubeApiServer:
                         f"The object might have been {why}"
                     )
                     return 409, status_body(409, message, {**details, "kind": kind})
-            # DeleteOptions come in the body, else in the query.
-            if plural == "pods" and (kept := self._graceful(collection, current, payload or query)) is not None:
+            if plural == "pods" and (kept := self._graceful(collection, current, payload)) is not None:
                 return 200, kept
             if current["metadata"].get("finalizers"):
                 return 200, self._finalizing(collection, current)
@@ -634,7 +638,7 @@ class KubeApiServer:
         grace. None where it goes now: not scheduled, finished (`Succeeded`, `Failed`), a grace of
         0, or marked with none. Nothing here ends a grace by the clock: a test removes the pod."""
         sent = options.get("gracePeriodSeconds")
-        asked = None if sent is None else (1 if int(sent) < 0 else int(sent))  # a negative grace is 1 s
+        asked = None if sent is None else max(sent, 1) if sent else 0  # a negative grace is 1 s
         marked = copy.deepcopy(pod)
         metadata = marked["metadata"]
         pending = metadata.get("deletionGracePeriodSeconds")
@@ -1042,6 +1046,36 @@ def _options_problem(method: str, query: dict[str, str]) -> tuple[int, dict[str,
     options = "CreateOptions" if method == "POST" else "UpdateOptions"
     error = crds.Invalid(options, "meta.k8s.io", "", [crds.Cause("FieldValueNotSupported", "fieldValidation", message)])
     return 422, status_body(422, error.message, error.details())
+
+
+def _delete_options(
+    body: dict[str, Any] | None, query: dict[str, str]
+) -> tuple[tuple[int, dict[str, Any]] | None, dict[str, Any]]:
+    """A DELETE's options (the delete handler's DeleteOptions), or the answer refusing them. They
+    come in the body, else in the query, never both. The body's decoder error is passed on as it
+    is: a 500 of no reason. A query value its parameter's type does not parse is a 400 BadRequest
+    in strconv's words; these are the query's typed parameters."""
+    if body is not None:
+        if (problem := typed.delete_options_problem(body)) is None:
+            return None, body
+        refused = status_body(500, problem)
+        del refused["reason"]  # StatusReasonUnknown, "": omitted
+        return (500, refused), {}
+    options: dict[str, Any] = {}
+    for key, text in query.items():
+        if key == "gracePeriodSeconds":
+            if not re.fullmatch(r"[+-]?[0-9]+", text):
+                return (400, status_body(400, f'strconv.ParseInt: parsing "{text}": invalid syntax')), {}
+            options[key] = int(text)
+            if not -(2**63) <= options[key] < 2**63:
+                return (400, status_body(400, f'strconv.ParseInt: parsing "{text}": value out of range')), {}
+        elif key == "orphanDependents":
+            if text not in GO_BOOLS:
+                return (400, status_body(400, f'strconv.ParseBool: parsing "{text}": invalid syntax')), {}
+            options[key] = text in GO_BOOLS[:6]
+        elif key == "propagationPolicy":
+            options[key] = text
+    return None, options
 
 
 def _timestamp(when: datetime) -> str:

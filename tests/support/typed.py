@@ -28,6 +28,7 @@ from typing import Any
 
 from kubernetes.client.models.core_v1_event import CoreV1Event
 from kubernetes.client.models.v1_config_map import V1ConfigMap
+from kubernetes.client.models.v1_delete_options import V1DeleteOptions
 from kubernetes.client.models.v1_lease import V1Lease
 from kubernetes.client.models.v1_object_meta import V1ObjectMeta
 from kubernetes.client.models.v1_secret import V1Secret
@@ -42,7 +43,13 @@ MODELS: dict[str, type[BaseModel]] = {
     "secrets": V1Secret,
     "selfsubjectaccessreviews": V1SelfSubjectAccessReview,
 }
-INT64 = frozenset({("ObjectMeta", "generation"), ("ObjectMeta", "deletionGracePeriodSeconds")})
+INT64 = frozenset(
+    {
+        ("ObjectMeta", "generation"),
+        ("ObjectMeta", "deletionGracePeriodSeconds"),
+        ("DeleteOptions", "gracePeriodSeconds"),
+    }
+)
 MICRO_TIMES = frozenset(
     {
         ("Event", "eventTime"),
@@ -51,6 +58,11 @@ MICRO_TIMES = frozenset(
         ("LeaseSpec", "renewTime"),
     }
 )
+# Fields of a named string type, which Go's errors name by it.
+NAMED_STRINGS = {
+    ("Preconditions", "uid"): "types.UID",
+    ("DeleteOptions", "propagationPolicy"): "v1.DeletionPropagation",
+}
 _BITS = {"int32": 32, "int64": 64}
 RFC3339 = "2006-01-02T15:04:05Z07:00"
 RFC3339_MICRO = "2006-01-02T15:04:05.000000Z07:00"
@@ -73,16 +85,24 @@ def go_kind(plural: str) -> str:
 def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
     """The 400's message for `body` written to `plural`, or None when the decoder takes it."""
     model = MODELS.get(plural)
-    if model is None:
-        return None
+    problem = None if model is None else _first_error(model, body)
+    return None if model is None or problem is None else cannot_be_handled(body, go_name(model), problem)
+
+
+def delete_options_problem(body: dict[str, Any]) -> str | None:
+    """The decoder's error for a DELETE's body (DeleteOptions), or None when it takes it. The
+    delete handler passes it on as it is (no transformDecodeError): a 500 of no reason."""
+    return _first_error(V1DeleteOptions, body)
+
+
+def _first_error(model: type[BaseModel], body: dict[str, Any]) -> str | None:
+    """The error Go's decoder returns for `body` decoded into `model`'s struct, or None."""
     decoder = _Decoder()
     try:
         decoder.struct(model, body, (), "")
     except DecodeError as error:  # a type's own UnmarshalJSON failed: the decoder stops there
-        problem: DecodeError | None = error
-    else:
-        problem = decoder.saved
-    return None if problem is None else cannot_be_handled(body, go_name(model), str(problem))
+        return str(error)
+    return None if decoder.saved is None else str(decoder.saved)
 
 
 def cannot_be_handled(body: dict[str, Any], go_kind: str, error: str) -> str:
@@ -277,7 +297,8 @@ class _Decoder:
         elif annotation in (str, bool, float):
             wanted: Any = int | float if annotation is float else annotation
             if not isinstance(value, wanted) or (annotation is float and isinstance(value, bool)):
-                self.save(_type_error(value, struct, path, _go_type(annotation)))
+                go_type = NAMED_STRINGS.get((struct, path[-1]), _go_type(annotation))
+                self.save(_type_error(value, struct, path, go_type))
         # Anything else (a RawExtension, `object`) takes any JSON.
 
 
