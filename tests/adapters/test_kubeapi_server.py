@@ -880,7 +880,7 @@ def test_an_object_with_finalizers_is_marked_by_a_delete_and_goes_with_its_last_
 ) -> None:
     """A delete marks it (`deletionTimestamp` now, a grace of 0, its generation one on) and answers
     it, 200; it is still got and listed; another delete writes nothing; an update keeps the marks
-    whatever it sends, and the update that leaves no finalizer deletes it. A create's marks are
+    whatever it sends, may add no finalizer, and the update that leaves no finalizer deletes it. A create's marks are
     cleared."""
     kubeapi.add_node("n1")
     node = kubeapi.get("/api/v1/nodes", "n1")
@@ -899,6 +899,13 @@ def test_an_object_with_finalizers_is_marked_by_a_delete_and_goes_with_its_last_
     unmarked = {**marked.json(), "metadata": {k: v for k, v in metadata.items() if not k.startswith("deletion")}}
     kept = call(kubeapi, "PUT", "/api/v1/nodes/n1", unmarked).json()["metadata"]
     assert (kept["deletionTimestamp"], kept["deletionGracePeriodSeconds"]) == (metadata["deletionTimestamp"], 0)
+    late = {**unmarked, "metadata": {**kept, "finalizers": ["karpenter.sh/termination", "example.com/late"]}}
+    refused = call(kubeapi, "PUT", "/api/v1/nodes/n1", late)
+    assert refused.status_code == 422, "no finalizer may be added once it is being deleted"
+    assert refused.json()["message"] == (
+        'Node "n1" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object '
+        'is being deleted, found new finalizers []string{"example.com/late"}'
+    )
     released = {**unmarked, "metadata": {**kept, "finalizers": []}}
     assert call(kubeapi, "PUT", "/api/v1/nodes/n1", released).status_code == 200
     assert call(kubeapi, "GET", "/api/v1/nodes/n1").status_code == 404, "its last finalizer gone"

@@ -590,6 +590,8 @@ class KubeApiServer:
                     "and try again",
                     details,
                 )
+            if not status and (cause := _new_finalizers(current["metadata"], payload["metadata"])):
+                raise crds.Invalid(kind, group, name, [cause])
             if status:  # only the status moves; everything else stays as stored
                 if crd is not None:
                     crds.check_kind(crd, payload, name)
@@ -1081,6 +1083,18 @@ def _delete_options(
 def _timestamp(when: datetime) -> str:
     """A metav1.Time as the server writes it: RFC 3339, whole seconds, UTC."""
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _new_finalizers(old: dict[str, Any], new: dict[str, Any]) -> crds.Cause | None:
+    """An update may not add a finalizer to an object being deleted (`ValidateNoNewFinalizers`,
+    which `ValidateObjectMetaUpdate` applies once `deletionTimestamp` is set)."""
+    added = sorted(set(new.get("finalizers") or ()) - set(old.get("finalizers") or ()))
+    if not old.get("deletionTimestamp") or not added:
+        return None
+    found = ", ".join(json.dumps(f) for f in added)
+    why = "Forbidden: no new finalizers can be added if the object is being deleted"
+    why += f", found new finalizers []string{{{found}}}"
+    return crds.Cause("FieldValueForbidden", "metadata.finalizers", why)
 
 
 def _emptied(metadata: dict[str, Any]) -> bool:
