@@ -5,16 +5,18 @@ own writes."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+import random
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from job.adapters.kube import Kube, api_client
-from job.adapters.state import ConfigMapStateStore
+from job.adapters.state import ConfigMapStateStore, decode, encode
 from job.flows.run import run
 from tests.conftest import Harness, hosts_by_name
 from tests.support import scenario as s
+from tests.support.odd_values import replace_one
 
 CONFIGMAPS = "/api/v1/namespaces/calico-gc/configmaps"
 GRACE = {"grace_period": timedelta(minutes=30), "conflict_grace_period": timedelta(minutes=30)}
@@ -46,6 +48,24 @@ def test_one_bad_entry_costs_only_its_own_sighting(harness: Harness) -> None:
     assert hosts[s.CONFLICT_ORPHAN]["action"] == "waiting_grace"
     (message,) = grace_errors(report)
     assert s.CONFLICT_ORPHAN in message and "'yesterday-ish'" in message
+
+
+def test_a_state_edited_into_any_shape_loses_only_what_it_touched() -> None:
+    """The state is a ConfigMap anyone with access may edit: one to three values anywhere in it
+    replaced by values of another shape (support.odd_values), 2,000 documents. Reading it never
+    fails; each sighting kept is one the edit left as it was, and each one lost is said."""
+    seen = datetime(2026, 12, 1, 8, 30, tzinfo=UTC)
+    names = [f"host-{n}" for n in range(4)]
+    original = json.loads(encode({name: seen + timedelta(minutes=n) for n, name in enumerate(names)}))
+    for seed in range(2000):
+        rng, document = random.Random(seed), json.loads(json.dumps(original))
+        changed = [replace_one(document, rng) for _ in range(rng.randint(1, 3))]
+        loaded = decode(json.dumps(document), "state")
+        orphans = document.get("orphans") if isinstance(document, dict) else None
+        for name, since in loaded.sightings.items():
+            assert since == seen + timedelta(minutes=names.index(name)), changed
+        lost = len(orphans) - len(loaded.sightings) if isinstance(orphans, dict) else len(names)
+        assert lost == 0 or loaded.problems, changed
 
 
 def test_a_timestamp_without_a_time_zone_is_read_as_utc(harness: Harness) -> None:

@@ -3,6 +3,7 @@ the value-of-any-shape tests store, as a script, an old Calico or a hand edit ma
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +32,9 @@ def leaves(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str |
 
 def replace_one(value: Any, rng: random.Random) -> tuple[Path, Any] | None:
     """Replace one value under `value`, its path drawn first, then one of ODD_VALUES: the path and
-    the value put there, for the test's message; None where `value` holds nothing (no draw)."""
+    the value put there, for the test's message; None where `value` holds nothing (no draw). A
+    copy is put there: a later replacement inside it must change neither ODD_VALUES nor another
+    place it was put (it once made a document that refers to itself)."""
     paths = list(leaves(value))
     if not paths:
         return None
@@ -39,5 +42,5 @@ def replace_one(value: Any, rng: random.Random) -> tuple[Path, Any] | None:
     holder = value
     for step in parents:
         holder = holder[step]
-    holder[last] = odd = rng.choice(ODD_VALUES)
+    holder[last] = odd = copy.deepcopy(rng.choice(ODD_VALUES))
     return [*parents, last], odd
