@@ -511,6 +511,21 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
     # in 0.7 us, where building and comparing its text took 2.4 us; docs/development.md).
     assert not held.exact("c", '{"block":{"10.0.0.0/26":1,"fd00::/122":1},"deleted":false}')
     assert "a" in held and "z" not in held and held.cidrs({hash("c")}) == {"10.0.0.0/26", "fd00::/122"}
+    # One allocation in each of two blocks is kept as their two cidrs; a second in one of them, or a
+    # third block, counts as a dict would.
+    assert held.holds_exactly("c", {"10.0.0.0/26": 1, "fd00::/122": 1})
+    assert not held.holds_exactly("c", {"10.0.0.0/26": 1}) and not held.holds_exactly("c", {"fd00::/122": 1})
+    assert not held.holds_exactly("c", {"10.0.0.0/26": 1, "fd00::/122": 2})
+    for handle, cidr in (("d", "10.0.0.0/26"), ("d", "fd00::/122"), ("d", "10.0.0.64/26"), ("e", "fd00::/122")):
+        held.add(handle, cidr)
+    assert held.counts("d") == {"10.0.0.0/26": 1, "fd00::/122": 1, "10.0.0.64/26": 1}
+    held.add("c", "fd00::/122")
+    held.add("e", "10.0.0.0/26")
+    held.add("e", "fd00::/122")
+    assert held.counts("c") == {"10.0.0.0/26": 1, "fd00::/122": 2}
+    assert held.counts("e") == {"fd00::/122": 2, "10.0.0.0/26": 1}
+    assert held.holds_exactly("c", {"fd00::/122": 2, "10.0.0.0/26": 1})
+    assert held.cidrs({hash("d")}) == {"10.0.0.0/26", "fd00::/122", "10.0.0.64/26"}
 
 
 @pytest.mark.parametrize(
