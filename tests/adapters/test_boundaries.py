@@ -403,6 +403,24 @@ def test_values_of_the_wrong_json_type_are_reported_with_their_key(harness: Harn
     assert [e for e in report["errors"] if e.get("key") == target[0]], f"{kind} is reported with its key"
 
 
+def test_a_node_address_whose_prefix_is_no_ascii_number_is_no_address_not_a_crash(harness: Harness) -> None:
+    """Python's int() reads digits of other scripts and fails on `²`, where ipaddress reads only
+    ASCII digits: a Calico Node whose `ipv4Address` is `10.0.0.2/²` is read as having no address,
+    as ipaddress reads it. It ended the run in `unexpected` (exit 1)."""
+    seed = calico.CalicoSeed()
+    seed.cluster_information()
+    seed.node("live-a", ipv4="10.0.0.1")
+    odd = seed.node("odd-1", ipv4="10.0.0.2")
+    value = json.loads(seed.keys[odd])
+    value["spec"]["bgp"]["ipv4Address"] = "10.0.0.2/\u00b2"
+    seed.keys[odd] = json.dumps(value)
+    calico.load(harness.etcd.url, seed.keys)
+    harness.kubeapi.add_node("live-a", "10.0.0.1")
+    report, code = harness.run(harness.config(max_orphan_fraction=1.0))
+    assert code == 0 and [e for e in report["errors"] if e["kind"] == "unexpected"] == []
+    assert hosts_by_name(report)["odd-1"]["action"] == "would_delete"
+
+
 @pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", range(16))
 def test_a_value_of_any_shape_anywhere_in_an_etcd_value_is_said_never_a_crash(harness: Harness, seed: int) -> None:

@@ -232,8 +232,8 @@ def test_ipv6_is_read_as_ipaddress_reads_it_by_every_path() -> None:
     """A dual-stack read numbers 100,000 endpoint IPv6 addresses by the C library (ip_number) and
     parses each block's CIDR once (parse_cidr's cache): over seeded random addresses in every form
     ipaddress writes, and the same with a character added, each path reads an address or a CIDR
-    as ipaddress reads it (or refuses it as it does), and a block's address is written as it
-    writes it."""
+    as ipaddress reads it (or refuses it as it does), and a block's address and a Calico Node's
+    (bare_ip) are written as it writes them."""
     rng = random.Random(6)
     for _ in range(20_000):
         number = rng.getrandbits(128) >> rng.choice((0, 16, 64, 96, 112)) << rng.choice((0, 16, 48))
@@ -249,6 +249,12 @@ def test_ipv6_is_read_as_ipaddress_reads_it_by_every_path() -> None:
         except ValueError:
             expected = None
         assert address_number(text) == expected == ip_number(text), text
+        length = rng.choice(("", "/64", "/128", "/129"))
+        try:
+            interface: str | None = str(ipaddress.ip_interface(text + length).ip)
+        except ValueError:
+            interface = None
+        assert bare_ip(text + length) == interface, text + length
         cidr = f"{text}/{rng.choice((0, 64, 122, 128))}"
         try:
             network = ipaddress.ip_network(cidr, strict=False)
@@ -531,9 +537,15 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
 @pytest.mark.parametrize(
     "text",
     ["10.0.1.23/19", "10.0.1.23", "010.0.0.1", "1.2.3.4/33", "1.2.3", "1.2.3.4/", "256.1.1.1", "1.2.3.4/-1",
-     " 1.2.3.4", "1.2.3.4/00032", "fd00::1/64", "::ffff:1.2.3.4", "", "x"],
+     " 1.2.3.4", "1.2.3.4/00032", "fd00::1/64", "::ffff:1.2.3.4", "", "x",
+     # A prefix in digits Python's int() reads but ipaddress does not (the first crashed the run):
+     "1.2.3.4/\u00b2", "1.2.3.4/\u0663", "fd00::1/\u00b2", "fd00::1/\u0663",
+     "fd00::1/0128", "fd00::1/129", "FD00:0:0::1/64", "::ffff:1.2.3.4/96", "fe80::1%eth0/64", "fe80::1%eth0",
+     "1::2::3", "fd00::1/", "fd00::1/ 64"],
 )  # fmt: skip
 def test_a_node_address_is_read_as_ipaddress_reads_it(text: str) -> None:
+    """A Calico Node's address (`spec.bgp.ipv4Address`, `ipv6Address`): its IP as ipaddress writes
+    it, or None where ipaddress refuses it."""
     try:
         expected: str | None = str(ipaddress.ip_interface(text).ip)
     except ValueError:

@@ -316,11 +316,18 @@ def bare_ip(text: Any) -> str | None:
     if not isinstance(text, str) or not text:
         return None
     address, slash, length = text.partition("/")
-    if "." in address and ":" not in address and (not slash or (length.isdigit() and int(length) <= 32)):
+    # A prefix as ipaddress reads one: ASCII digits (int() also reads `²`'s kin, or fails on them).
+    prefix = int(length) if length.isascii() and length.isdigit() else None
+    if "." in address and ":" not in address and (not slash or (prefix is not None and prefix <= 32)):
         try:  # IPv4, as nearly all are: without building ipaddress objects (thousands of Nodes)
             return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, address))
         except OSError:
             return None
+    if not slash or (prefix is not None and prefix <= 128):
+        try:  # IPv6 read by the C library and written by ipaddress, as it writes any: 4 us, not 13
+            return str(ipaddress.IPv6Address(socket.inet_pton(socket.AF_INET6, address)))
+        except OSError:
+            pass  # a zone (`%eth0`), or no IPv6 address: ipaddress decides
     try:
         return str(ipaddress.ip_interface(text).ip)
     except ValueError:
