@@ -541,7 +541,9 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
      # A prefix in digits Python's int() reads but ipaddress does not (the first crashed the run):
      "1.2.3.4/\u00b2", "1.2.3.4/\u0663", "fd00::1/\u00b2", "fd00::1/\u0663",
      "fd00::1/0128", "fd00::1/129", "FD00:0:0::1/64", "::ffff:1.2.3.4/96", "fe80::1%eth0/64", "fe80::1%eth0",
-     "1::2::3", "fd00::1/", "fd00::1/ 64"],
+     "1::2::3", "fd00::1/", "fd00::1/ 64",
+     # A NUL, which the C library refuses with a ValueError (the first crashed the run):
+     "10.0.0.1\u0000", "fd00::1\u0000", "\u0000"],
 )  # fmt: skip
 def test_a_node_address_is_read_as_ipaddress_reads_it(text: str) -> None:
     """A Calico Node's address (`spec.bgp.ipv4Address`, `ipv6Address`): its IP as ipaddress writes

@@ -321,12 +321,12 @@ def bare_ip(text: Any) -> str | None:
     if "." in address and ":" not in address and (not slash or (prefix is not None and prefix <= 32)):
         try:  # IPv4, as nearly all are: without building ipaddress objects (thousands of Nodes)
             return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, address))
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the text, which the C library refuses
             return None
     if not slash or (prefix is not None and prefix <= 128):
         try:  # IPv6 read by the C library and written by ipaddress, as it writes any: 4 us, not 13
             return str(ipaddress.IPv6Address(socket.inet_pton(socket.AF_INET6, address)))
-        except OSError:
+        except (OSError, ValueError):
             pass  # a zone (`%eth0`), or no IPv6 address: ipaddress decides
     try:
         return str(ipaddress.ip_interface(text).ip)
