@@ -164,7 +164,7 @@ def test_apply_on_full_objects_writes_what_the_real_server_admits(harness: Harne
 
 
 @pytest.mark.slow  # a run or two per seed: about 10 s a test
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(16))  # 0, 1, 2, 5, 8, 9, 14, 15 fail without the fixes (in either group)
 def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(
     harness: Harness, group: Group, seed: int
 ) -> None:
@@ -173,9 +173,8 @@ def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(
     value, drawn at random, is replaced by a value of another shape (support.odd_values), stored as the
     server would keep it. Every run, dry or applying, ends in a decision, never in `unexpected`
     (the job's own bug; exit 1). Found this way: an affinity's or a pool's cidr that is no network,
-    and a KubeControllersConfiguration whose `controllers.node` is no object. 200 more seeds passed
-    when it was written, and 300 on `projectcalico.org/v3` (another table of fields); 16 run here
-    on each group."""
+    and a KubeControllersConfiguration whose `controllers.node` is no object. 150 seeds pass on each
+    group with the fixes (`projectcalico.org/v3` has another table of fields); 16 run here."""
     rng = random.Random(seed)
     seed_kdd(harness.kubeapi, group)
     changed = []

@@ -13,6 +13,8 @@ from typing import Any
 ODD_VALUES: tuple[Any, ...] = (
     None, True, 0, -1, 2**70, 1.5, "", "x", "10.0.0.0/33", "::", "fd00::1%eth0", "2026-13-01T00:00:00Z", "1e3",
     "\u0000", [], [None], {}, {"x": 1},
+    # Digits and forms Python's int() and float() read where Go and ipaddress do not, and sizes at the edges.
+    "10.0.0.1/\u00b2", "\u0663", "1_0", " 10.0.0.1", -(2**63), 1e300, "x" * 300,
 )  # fmt: skip
 
 Path = list[str | int]
