@@ -167,7 +167,10 @@ class ReportKeeper:
             raise KeepError(f"no kept report of run {run_id!r} in {self.namespace} (kept: {known})", "config")
         head = heads[slot]
         assert head is not None
-        count = int(_annotations(head["metadata"]).get("parts") or 1)
+        parts = _annotations(head["metadata"]).get("parts") or "1"  # an annotation anyone may edit
+        if not (parts.isascii() and parts.isdigit() and 1 <= int(parts) <= MAX_PARTS):
+            raise KeepError(f"kept report of run {run_id} says it has {parts!r} parts, not 1 to {MAX_PARTS}")
+        count = int(parts)
         packed = b""
         for part in range(count):
             name = part_name(slot, part, self.prefix)

@@ -109,6 +109,23 @@ def test_parts_of_two_runs_are_never_mixed(harness: Harness) -> None:
         store.fetch("first")
 
 
+@pytest.mark.parametrize("parts", ["two", "\u00b2", "", "-1", "0", "99"])
+def test_a_kept_reports_part_count_edited_into_anything_is_refused_in_one_line(harness: Harness, parts: str) -> None:
+    """The head ConfigMap says how many parts the report has (`calico-gc/parts`); anyone with
+    access may edit it. A count that is no whole number, or names parts that are not there, is a
+    KeepError naming the run, never a crash; one that undercounts reads a report that is not whole,
+    which is refused as such."""
+    store = keeper(harness, slots=1)
+    store.keep(document("first", "2026-11-30T10:00:00Z", noise(2 * PART_BYTES)))
+    collection = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    head = harness.kubeapi.get(collection, part_name(0, 0))
+    assert head is not None
+    head["metadata"]["annotations"]["calico-gc/parts"] = parts
+    harness.kubeapi.put(collection, head)
+    with pytest.raises(KeepError, match="first"):
+        store.fetch("first")
+
+
 def test_only_runs_that_changed_the_datastore_are_kept(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
     dry, _ = harness.run()
