@@ -628,8 +628,12 @@ def _at_least(name: str, value: timedelta, minimum: timedelta) -> timedelta:
 def _pushgateway(text: str | None) -> str | None:
     if not text:
         return None
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(text)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a bracket left open, a port that is no port
+        usable = False
+    if not usable:
         raise ConfigError(f"--pushgateway: expected an http(s) URL, got {text!r}")
     return text.rstrip("/")
 
@@ -671,7 +675,11 @@ def _readable(name: str, text: str | None) -> Path | None:
     if not text:
         return None
     path = Path(text)
-    if not path.is_file() or not os.access(path, os.R_OK):
+    try:
+        readable = path.is_file() and os.access(path, os.R_OK)
+    except OSError as error:  # a name longer than the system takes, among others
+        raise ConfigError(f"{name}: cannot read {text}: {error.strerror}") from None
+    if not readable:
         raise ConfigError(f"{name}: cannot read {text}")
     return path
 

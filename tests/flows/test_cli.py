@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -411,6 +412,23 @@ def test_exclude_from_the_environment_is_one_pattern_per_line() -> None:
     config = load([], {"CALICO_GC_EXCLUDE": "rr-.*\n bastion\n"})
     assert config.exclude == ("rr-.*", "bastion")
     assert config.is_excluded("rr-1") and config.is_excluded("bastion") and not config.is_excluded("bastion-2")
+
+
+SETTINGS_OF_ANY_SHAPE = (
+    "", " ", "x" * 300, "\x00", "\u00b2", "\u0663", "-1", "1_0", "1e309", "nan", "99999999999999999999999",
+    "http://[::1", "http://h:99999", "://", "a,,b", "PT5M",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("value", SETTINGS_OF_ANY_SHAPE)
+def test_a_setting_of_any_shape_is_taken_or_refused_in_one_line(value: str) -> None:
+    """Every variable (and so every flag) set to values people and templates get wrong: the
+    setting is taken or refused with a ConfigError (one line, exit 2), never another exception
+    (a traceback). Found this way: a Pushgateway URL that urlsplit refuses (`http://[::1`), and a
+    certificate file name longer than the system takes."""
+    for option in OPTIONS:
+        with contextlib.suppress(ConfigError):
+            load([], {option.env: value})
 
 
 def test_the_etcd_password_is_read_from_its_file_less_a_final_newline(tmp_path: Path) -> None:
