@@ -426,10 +426,10 @@ def test_a_node_address_whose_prefix_is_no_ascii_number_is_no_address_not_a_cras
 def test_a_value_of_any_shape_anywhere_in_an_etcd_value_is_said_never_a_crash(harness: Harness, seed: int) -> None:
     """Whatever wrote etcd (a script, an old Calico, a half-finished tool), a value may be of any
     shape: in every JSON value of the kops fixture one value, drawn at random, is replaced by one of
-    another shape (support.odd_values). Every run, dry or applying, ends in a
-    decision, never in `unexpected` (the job's own bug; exit 1). Found this way, once the odd
-    values had a NUL and a prefix of `²`: a Calico Node address so written (bare_ip). 150 seeds
-    pass with the fixes; 16 run here."""
+    another shape (support.odd_values). Every run, dry or applying, ends in a decision, never in
+    `unexpected` (the job's own bug; exit 1). Found this way, once the odd values had a NUL and a
+    prefix of `²`: a Calico Node address so written (bare_ip). 150 seeds pass with the fixes; 16
+    run here."""
     rng = random.Random(seed)
     scenario = s.kops_cluster()
     changed = []

@@ -170,8 +170,8 @@ def test_a_value_of_any_shape_anywhere_in_a_calico_object_is_said_never_a_crash(
 ) -> None:
     """A custom resource's schema binds only writes (a CRD tightened later, `x-kubernetes-
     preserve-unknown-fields`, a v1 field of any string): in every Calico object of the fixture one
-    value, drawn at random, is replaced by a value of another shape (support.odd_values), stored as the
-    server would keep it. Every run, dry or applying, ends in a decision, never in `unexpected`
+    value, drawn at random, is replaced by a value of another shape (support.odd_values), stored
+    as the server would keep it. Every run, dry or applying, ends in a decision, never in `unexpected`
     (the job's own bug; exit 1). Found this way: an affinity's or a pool's cidr that is no network,
     and a KubeControllersConfiguration whose `controllers.node` is no object. 150 seeds pass on each
     group with the fixes (`projectcalico.org/v3` has another table of fields); 16 run here."""

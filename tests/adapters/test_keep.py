@@ -109,8 +109,20 @@ def test_parts_of_two_runs_are_never_mixed(harness: Harness) -> None:
         store.fetch("first")
 
 
-@pytest.mark.parametrize("parts", ["two", "\u00b2", "", "-1", "0", "99"])
-def test_a_kept_reports_part_count_edited_into_anything_is_refused_in_one_line(harness: Harness, parts: str) -> None:
+@pytest.mark.parametrize(
+    ("parts", "said"),
+    [
+        ("two", "says it has 'two' parts, not 1 to 4"),
+        ("\u00b2", "says it has '\u00b2' parts, not 1 to 4"),
+        ("-1", "says it has '-1' parts, not 1 to 4"),
+        ("0", "says it has '0' parts, not 1 to 4"),
+        ("99", "says it has '99' parts, not 1 to 4"),
+        ("", "cannot be read"),  # no count is one part: the report read is not whole
+    ],
+)
+def test_a_kept_reports_part_count_edited_into_anything_is_refused_in_one_line(
+    harness: Harness, parts: str, said: str
+) -> None:
     """The head ConfigMap says how many parts the report has (`calico-gc/parts`); anyone with
     access may edit it. A count that is no whole number, or names parts that are not there, is a
     KeepError naming the run, never a crash; one that undercounts reads a report that is not whole,
@@ -122,7 +134,7 @@ def test_a_kept_reports_part_count_edited_into_anything_is_refused_in_one_line(h
     assert head is not None
     head["metadata"]["annotations"]["calico-gc/parts"] = parts
     harness.kubeapi.put(collection, head)
-    with pytest.raises(KeepError, match="first"):
+    with pytest.raises(KeepError, match=f"kept report of run first {re.escape(said)}"):
         store.fetch("first")
 
 

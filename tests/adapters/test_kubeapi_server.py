@@ -880,8 +880,8 @@ def test_an_object_with_finalizers_is_marked_by_a_delete_and_goes_with_its_last_
 ) -> None:
     """A delete marks it (`deletionTimestamp` now, a grace of 0, its generation one on) and answers
     it, 200; it is still got and listed; another delete writes nothing; an update keeps the marks
-    whatever it sends, may add no finalizer, and the update that leaves no finalizer deletes it. A create's marks are
-    cleared."""
+    whatever it sends, may add no finalizer, and the update that leaves no finalizer deletes it.
+    A create's marks are cleared."""
     kubeapi.add_node("n1")
     node = kubeapi.get("/api/v1/nodes", "n1")
     assert node is not None

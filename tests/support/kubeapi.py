@@ -75,7 +75,8 @@ POD_FIELDS = {
     "status.nominatedNodeName": lambda p: (p.get("status") or {}).get("nominatedNodeName", ""),
 }
 NO_VERSION = "must be specified for an update"  # the store's words for an update without a resourceVersion
-GO_BOOLS = ("1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False")  # strconv.ParseBool's
+# What strconv.ParseBool reads as true, and as false; anything else is its error.
+GO_TRUE, GO_FALSE = ("1", "t", "T", "TRUE", "true", "True"), ("0", "f", "F", "FALSE", "false", "False")
 FIELD_VALIDATIONS = ("", "Ignore", "Strict", "Warn")  # what a write's `fieldValidation` may say, sorted
 # A delete's preconditions as `rest.BeforeDelete` checks them, in order: field, its name there, and why it differs.
 DELETE_PRECONDITIONS = (
@@ -640,7 +641,7 @@ class KubeApiServer:
         grace. None where it goes now: not scheduled, finished (`Succeeded`, `Failed`), a grace of
         0, or marked with none. Nothing here ends a grace by the clock: a test removes the pod."""
         sent = options.get("gracePeriodSeconds")
-        asked = None if sent is None else max(sent, 1) if sent else 0  # a negative grace is 1 s
+        asked = None if sent is None else (sent if sent >= 0 else 1)  # a negative grace is 1 s
         marked = copy.deepcopy(pod)
         metadata = marked["metadata"]
         pending = metadata.get("deletionGracePeriodSeconds")
@@ -1072,9 +1073,9 @@ def _delete_options(
             if not -(2**63) <= options[key] < 2**63:
                 return (400, status_body(400, f'strconv.ParseInt: parsing "{text}": value out of range')), {}
         elif key == "orphanDependents":
-            if text not in GO_BOOLS:
+            if text not in (*GO_TRUE, *GO_FALSE):
                 return (400, status_body(400, f'strconv.ParseBool: parsing "{text}": invalid syntax')), {}
-            options[key] = text in GO_BOOLS[:6]
+            options[key] = text in GO_TRUE
         elif key == "propagationPolicy":
             options[key] = text
     return None, options

@@ -85,8 +85,10 @@ def go_kind(plural: str) -> str:
 def decode_problem(plural: str, body: dict[str, Any]) -> str | None:
     """The 400's message for `body` written to `plural`, or None when the decoder takes it."""
     model = MODELS.get(plural)
-    problem = None if model is None else _first_error(model, body)
-    return None if model is None or problem is None else cannot_be_handled(body, go_name(model), problem)
+    if model is None:
+        return None
+    problem = _first_error(model, body)
+    return None if problem is None else cannot_be_handled(body, go_name(model), problem)
 
 
 def delete_options_problem(body: dict[str, Any]) -> str | None:
