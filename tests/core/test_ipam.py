@@ -522,6 +522,11 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
     assert not held.exact("c", '{"block":{"10.0.0.0/26":1,"fd00::/122":2},"deleted":false}')
     assert not held.exact("c", '{"block":{"10.0.0.0/26":1,"fd00::/122":1},"deleted":true}')
     assert not held.exact("c", '{"block":{"10.0.0.0/26":1},"deleted":false}')
+    # Sorted as Go sorts a map's keys, byte by byte, whatever order the blocks were read in.
+    held.add("f", "192.168.0.0/26")
+    held.add("f", "1000::/122")
+    assert held.exact("f", '{"block":{"1000::/122":1,"192.168.0.0/26":1},"deleted":false}')
+    assert not held.exact("f", '{"block":{"192.168.0.0/26":1,"1000::/122":1},"deleted":false}')
     assert "a" in held and "z" not in held and held.cidrs({hash("c")}) == {"10.0.0.0/26", "fd00::/122"}
     # One allocation in each of two blocks is kept as their two cidrs; a second in one of them, or a
     # third block, counts as a dict would.
