@@ -20,8 +20,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from job.adapters.kube import Kube, KubeError
+from job.adapters.retry import one_line
 from job.config import MAX_KEPT_REPORTS
-from job.core.model import parse_time
+from job.core.model import ascii_number, parse_time
 from job.core.report import chunks as report_chunks
 
 PREFIX = "calico-gc-report"
@@ -168,9 +169,11 @@ class ReportKeeper:
         head = heads[slot]
         assert head is not None
         parts = _annotations(head["metadata"]).get("parts") or "1"  # an annotation anyone may edit
-        if not (parts.isascii() and parts.isdigit() and 1 <= int(parts) <= MAX_PARTS):
-            raise KeepError(f"kept report of run {run_id} says it has {parts!r} parts, not 1 to {MAX_PARTS}")
-        count = int(parts)
+        count = ascii_number(parts)
+        if count is None or not 1 <= count <= MAX_PARTS:
+            raise KeepError(
+                f"kept report of run {run_id} says it has {one_line(repr(parts), 40)} parts, not 1 to {MAX_PARTS}"
+            )
         packed = b""
         for part in range(count):
             name = part_name(slot, part, self.prefix)

@@ -30,6 +30,7 @@ from job.core.model import (
     Step,
     StoredItem,
     Write,
+    ascii_number,
     parse_time,
 )
 
@@ -71,9 +72,10 @@ def parse_cidr(text: str, strict: bool = True) -> Cidr | None:
     """`text` as a network, None when it is not one (or, `strict`, has host bits set). IPv4 is
     parsed by hand: a read parses every block's CIDR, and an ipaddress network costs 5 us."""
     address, slash, length = text.partition("/")
-    parsed = address_number(address) if ":" not in address and slash and length.isascii() and length.isdigit() else None
-    if parsed is not None and int(length) <= 32:
-        prefix, number = int(length), parsed[1]
+    prefix = ascii_number(length)
+    parsed = address_number(address) if ":" not in address and slash and prefix is not None else None
+    if parsed is not None and prefix is not None and prefix <= 32:
+        number = parsed[1]
         base = number >> (32 - prefix) << (32 - prefix)
         if base == number:
             return Cidr(f"{address}/{prefix}", 4, base, prefix)

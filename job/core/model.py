@@ -30,6 +30,18 @@ def parse_time(text: object) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+def ascii_number(text: str) -> int | None:
+    """A whole number written in ASCII digits only, as Go's strconv and ipaddress read one; None
+    for anything else. int() alone also reads other scripts' digits (`٣`), `1_0` and spaces,
+    and refuses more than 4,300 digits with a ValueError (a prefix or annotation anyone may edit)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts: no number Calico or calico-gc writes
+        return None
+
+
 @dataclass(frozen=True)
 class Cooldown:
     """IPAMConfig's `ipCooldownSeconds` (0-1200) and the run's clock: how Calico 3.32+ releases an

@@ -117,6 +117,8 @@ def test_parts_of_two_runs_are_never_mixed(harness: Harness) -> None:
         ("-1", "says it has '-1' parts, not 1 to 4"),
         ("0", "says it has '0' parts, not 1 to 4"),
         ("99", "says it has '99' parts, not 1 to 4"),
+        # More digits than int() converts (4,300): refused, said in 40 characters, not 5,000
+        ("1" * 5000, "says it has '" + "1" * 39 + " parts, not 1 to 4"),
         ("", "cannot be read"),  # no count is one part: the report read is not whole
     ],
 )

@@ -204,7 +204,9 @@ def test_scanning_a_block_gives_the_summary_summarize_block_gives() -> None:
      "255.255.255.255/32", "10.0.0.0/2\u00b2", "10.0.0.0/-1", " 10.0.0.0/8", "fd00::/122", "fd00::1/122", "", "x/8",
      "FD00:0096:0000::0040/122", "fd00:96::40/0122", "fd00::/129", "::/0", "1:0:0:2::/64", "1:2:3:4:5:6:7::/128",
      "::ffff:10.0.0.0/120", "::ffff:a00:0/120", "fe80::%eth0/64", "fd00:::/64", "1::2::/64", "12345::/16",
-     "10::1.2.3.4/128", "1.2.3.4/8:"],
+     "10::1.2.3.4/128", "1.2.3.4/8:",
+     # More digits than int() converts (4,300), which ended the read in a ValueError:
+     "10.0.0.0/" + "2" * 5000, "10.0.0.0/" + "0" * 4999 + "26", "fd00::/" + "0" * 4999 + "122"],
 )  # fmt: skip
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_cidr_is_read_as_ipaddress_reads_it(text: str, strict: bool) -> None:
@@ -554,7 +556,9 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
      "fd00::1/0128", "fd00::1/129", "FD00:0:0::1/64", "::ffff:1.2.3.4/96", "fe80::1%eth0/64", "fe80::1%eth0",
      "1::2::3", "fd00::1/", "fd00::1/ 64",
      # A NUL, which the C library refuses with a ValueError (the first crashed the run):
-     "10.0.0.1\u0000", "fd00::1\u0000", "\u0000"],
+     "10.0.0.1\u0000", "fd00::1\u0000", "\u0000",
+     # More digits than int() converts (4,300), which ended the run in a ValueError:
+     "10.0.0.1/" + "3" * 5000, "10.0.0.1/" + "0" * 4999 + "32", "fd00::1/" + "0" * 4999 + "64"],
 )  # fmt: skip
 def test_a_node_address_is_read_as_ipaddress_reads_it(text: str) -> None:
     """A Calico Node's address (`spec.bgp.ipv4Address`, `ipv6Address`): its IP as ipaddress writes

@@ -45,6 +45,7 @@ from job.core.model import (
     Step,
     StoredItem,
     WorkloadEndpoint,
+    ascii_number,
 )
 from job.core.plan import is_live
 from job.core.scan import BlockScan, find_dangling
@@ -316,8 +317,7 @@ def bare_ip(text: Any) -> str | None:
     if not isinstance(text, str) or not text:
         return None
     address, slash, length = text.partition("/")
-    # A prefix as ipaddress reads one: ASCII digits (int() also reads `²`'s kin, or fails on them).
-    prefix = int(length) if length.isascii() and length.isdigit() else None
+    prefix = ascii_number(length)  # as ipaddress reads a prefix
     if "." in address and ":" not in address and (not slash or (prefix is not None and prefix <= 32)):
         try:  # IPv4, as nearly all are: without building ipaddress objects (thousands of Nodes)
             return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, address))
