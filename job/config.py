@@ -21,6 +21,11 @@ DATASTORE_TYPES = ("etcdv3", "etcdv2", "kubernetes")
 CALICO_API_GROUPS = ("crd.projectcalico.org/v1", "projectcalico.org/v3")
 MAX_IP_COOLDOWN_S = 1200  # IPAMConfig's ipCooldownSeconds: 0 to 1200 (its CRD)
 MAX_KEPT_REPORTS = 10  # job/adapters/keep.py's MAX_SLOTS: the Role grants exactly these names
+# Past these a setting is a typo, and the servers and clocks it reaches refuse it mid-run: a
+# timedelta, a gRPC deadline and a Lease's int32 seconds overflow; etcd's limit is an int64.
+MAX_DURATION = timedelta(days=365)
+MAX_PAGE_SIZE = 1_000_000  # a page stops at about 1.5 MiB long before (etcdv3.PAGE_BYTES)
+MAX_LOG_TAIL_LINES = 10_000  # read whole, one crash-looping pod at a time
 
 
 class ConfigError(ValueError):
@@ -29,7 +34,7 @@ class ConfigError(ValueError):
 
 # Escapes, character classes and {m,n} quantifiers: the places a comma may stand in a pattern.
 _QUANTIFIERS_AND_CLASSES = re.compile(r"\\.|\[[^\]]*\]|\{\d*,\d*\}")
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -46,6 +51,8 @@ def parse_duration(text: str) -> timedelta:
         position = match.end()
     if not text or position != len(text):
         raise ConfigError(f"invalid duration {text!r}: use forms like 30s, 15m, 2h or 1h30m")
+    if seconds > MAX_DURATION.total_seconds():  # inf included (float() of 400 nines)
+        raise ConfigError(f"duration {text!r} is longer than {MAX_DURATION.days}d, the most any setting takes")
     return timedelta(seconds=seconds)
 
 
@@ -318,8 +325,8 @@ OPTIONS: tuple[Option, ...] = (
         "--page-size",
         "CALICO_GC_PAGE_SIZE",
         "10000",
-        "Most keys per paged etcd read (pages also stop at about 1.5 MiB, and a prefix's first at 1,000 "
-        "keys; every page is one more request to etcd, so small pages cost time).",
+        "Most keys per paged etcd read, at most 1000000 (pages also stop at about 1.5 MiB, and a prefix's "
+        "first at 1,000 keys; every page is one more request to etcd, so small pages cost time).",
         metavar="N",
     ),
     Option(
@@ -388,7 +395,7 @@ OPTIONS: tuple[Option, ...] = (
         "--log-tail-lines",
         "CALICO_GC_LOG_TAIL_LINES",
         "200",
-        "Lines read from the end of a crash-looping calico-node's previous log.",
+        "Lines read from the end of a crash-looping calico-node's previous log (at most 10000).",
         metavar="N",
     ),
     Option(
@@ -541,7 +548,8 @@ def build_parser(command: str = "run") -> argparse.ArgumentParser:
             prog="calico-gc",
             description="calico-gc: delete the Calico data of Kubernetes nodes that no longer exist. "
             "Dry run unless --apply. Every option can also be set by the environment variable "
-            "named in brackets; a flag wins over the variable. Also: `calico-gc reports` (kept reports) and "
+            "named in brackets; a flag wins over the variable. A DURATION is written 30s, 15m, 2h or 1h30m, "
+            "at most 365d. Also: `calico-gc reports` (kept reports) and "
             "`calico-gc restore RUN_ID` (undo a run); each has its own --help.",
             epilog="Exit codes: 0 ok (also dry run, nothing to do, lock held elsewhere); 1 a server failed "
             "or a bug (the report's error kind says which); 2 bad usage or configuration; 3 refused by a "
@@ -587,13 +595,15 @@ def _bool(name: str, text: str) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {text!r}")
 
 
-def _int(name: str, text: str, minimum: int) -> int:
+def _int(name: str, text: str, minimum: int, maximum: int | None = None, why: str = "") -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ConfigError(f"{name}: expected a whole number, got {text!r}") from None
+        raise ConfigError(f"{name}: expected a whole number, got {text[:40]!r}") from None
     if value < minimum:
         raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}: at most {maximum} ({why}), got {text.strip()[:40]}")
     return value
 
 
@@ -607,16 +617,7 @@ def _ip_cooldown(text: str | None, datastore_type: str) -> int | None:
             "--ip-cooldown-seconds: only for etcd datastores; the Kubernetes datastore reads "
             "ipCooldownSeconds from IPAMConfig, as Calico does"
         )
-    value = _int("--ip-cooldown-seconds", text, 0)
-    if value > MAX_IP_COOLDOWN_S:
-        raise ConfigError(f"--ip-cooldown-seconds: at most {MAX_IP_COOLDOWN_S} (IPAMConfig's limit), got {value}")
-    return value
-
-
-def _at_most(name: str, value: int, maximum: int) -> int:
-    if value > maximum:
-        raise ConfigError(f"{name}: at most {maximum} (the names manifests/base/rbac.yaml grants), got {value}")
-    return value
+    return _int("--ip-cooldown-seconds", text, 0, MAX_IP_COOLDOWN_S, "IPAMConfig's limit")
 
 
 def _at_least(name: str, value: timedelta, minimum: timedelta) -> timedelta:
@@ -805,7 +806,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         state_file=_path(optional("state_file")),
         state_configmap=_object_name("--state-configmap", text("state_configmap")),
         report_file=_path(optional("report_file")),
-        keep_reports=_at_most("--keep-reports", _int("--keep-reports", text("keep_reports"), 0), MAX_KEPT_REPORTS),
+        keep_reports=_int(
+            "--keep-reports", text("keep_reports"), 0, MAX_KEPT_REPORTS, "the names manifests/base/rbac.yaml grants"
+        ),
         # room for the `-<slot>-<part>` that job/adapters/keep.py adds (at most `-9-3`)
         report_configmaps=_object_name("--report-configmaps", text("report_configmaps"), room=4),
         lock=text("lock"),
@@ -823,7 +826,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         etcd_username=username or None,
         etcd_password=Secret(password),
         etcd_timeout=etcd_timeout,
-        page_size=_int("--page-size", text("page_size"), 1),
+        page_size=_int("--page-size", text("page_size"), 1, MAX_PAGE_SIZE, "pages stop at about 1.5 MiB first"),
         retry_attempts=_int("--retry-attempts", text("retry_attempts"), 1),
         retry_timeout=duration("retry_timeout"),
         log_level=text("log_level"),
@@ -837,7 +840,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
             if n.strip()
         ),
         calico_node_selector=_selector(text("calico_node_selector")),
-        log_tail_lines=_int("--log-tail-lines", text("log_tail_lines"), 1),
+        log_tail_lines=_int(
+            "--log-tail-lines", text("log_tail_lines"), 1, MAX_LOG_TAIL_LINES, "each log is read whole"
+        ),
         fail_on=text("fail_on"),
         pushgateway=_pushgateway(optional("pushgateway")),
         cluster_name=optional("cluster_name"),

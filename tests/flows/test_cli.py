@@ -388,16 +388,47 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         ("1h30m", timedelta(minutes=90)),
         ("0", timedelta(0)),
         ("1.5h", timedelta(minutes=90)),
+        ("365d", timedelta(days=365)),
     ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "5", "m5", "5x", "1h 30m", "-5m"])
+# Past 365d: 366d, a timedelta's overflow (an OverflowError before the limit), float() of 400
+# nines (inf); Arabic-Indic digits, which \d and float() read and Go's ParseDuration does not.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "5",
+        "m5",
+        "5x",
+        "1h 30m",
+        "-5m",
+        "366d",
+        "364d25h",
+        "99999999999999999999d",
+        "9" * 400 + "s",
+        "\u0663\u0660s",
+    ],
+)
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("flag", "most"),
+    [("--page-size", 1_000_000), ("--log-tail-lines", 10_000), ("--ip-cooldown-seconds", 1200), ("--keep-reports", 10)],
+)
+def test_a_whole_number_setting_past_its_most_is_refused_in_one_line(flag: str, most: int) -> None:
+    """A page size past etcd's int64 failed mid-read with a traceback (protobuf's `Value out of
+    range`); a log tail is read whole, one pod at a time."""
+    assert getattr(load([flag, str(most)], {}), flag[2:].replace("-", "_")) == most
+    for text in (str(most + 1), "9" * 30):
+        with pytest.raises(ConfigError, match=rf"^{flag}: at most {most} \(.+\), got {text[:40]}$"):
+            load([flag, text], {})
 
 
 def test_defaults_are_safe() -> None:
@@ -416,7 +447,7 @@ def test_exclude_from_the_environment_is_one_pattern_per_line() -> None:
 
 SETTINGS_OF_ANY_SHAPE = (
     "", " ", "x" * 300, "\x00", "\u00b2", "\u0663", "-1", "1_0", "1e309", "nan", "99999999999999999999999",
-    "http://[::1", "http://h:99999", "://", "a,,b", "PT5M",
+    "http://[::1", "http://h:99999", "://", "a,,b", "PT5M", "99999999999999999999999d",
 )  # fmt: skip
 
 
