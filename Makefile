@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges image lock clean prometheus-tools rules
+.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges bench-crash-loop image lock clean prometheus-tools rules
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply, in v1 and v3"
 	@echo "make bench-stop  how long a run takes to end after SIGTERM while a read hangs"
 	@echo "make bench-ranges  what a paged read costs etcd: per range, per key counted, per key returned"
+	@echo "make bench-crash-loop  the 5,000-host dry run where every calico-node crash-loops (each previous log read)"
 	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -161,6 +162,9 @@ bench-stop: $(STAMP)
 
 bench-ranges: $(STAMP)
 	$(BIN)/python -m bench.range_cost
+
+bench-crash-loop: $(STAMP) $(JOB_STAMP)
+	$(BENCH_ENV) $(BIN)/python -m bench.crash_loop
 
 # requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
 lock: $(STAMP)

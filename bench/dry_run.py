@@ -191,11 +191,14 @@ def run_job(
 
 @contextlib.contextmanager
 def cluster(
-    prefix: str, live: int | Iterable[int], names: str = "aws"
+    prefix: str,
+    live: int | Iterable[int],
+    names: str = "aws",
+    add_node: Callable[[KubeApiServer, str], None] | None = None,
 ) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
     """A throwaway etcd and Kubernetes API test server with Nodes for the generator's `live` hosts
-    (a count: the first ones), named as `names` (host_name); yields the etcd, a work directory,
-    and the environment `run_job` runs the job with."""
+    (a count: the first ones), named as `names` (host_name), each also given to `add_node`;
+    yields the etcd, a work directory, and the environment `run_job` runs the job with."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     (workdir / "etcd").mkdir()
     # cache_lists: each Node encoded once, as a real server serves lists from its watch cache, so
@@ -206,6 +209,8 @@ def cluster(
         kubeapi.start()
         for index in range(live) if isinstance(live, int) else live:
             kubeapi.add_node(host_name(index, names), f"10.{index // 250}.{index % 250}.10")
+            if add_node is not None:
+                add_node(kubeapi, host_name(index, names))
         kubeapi.handle("GET", "/api/v1/nodes", b"", media=PROTOBUF)
         kubeconfig = kubeapi.write_kubeconfig(workdir / "kubeconfig")
         yield (

@@ -13,7 +13,7 @@ import structlog
 from job.adapters import kube_protobuf
 from job.adapters.kube import Kube, KubeError, either, json_page
 from job.config import Config
-from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping
+from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping, log_digest
 
 log = structlog.get_logger("calico_gc.health")
 CALICO_NODE_CONTAINER = "calico-node"
@@ -73,7 +73,7 @@ def _with_previous_log(kube: Kube, pod: CalicoNodePod, config: Config) -> Calico
     except KubeError as error:
         # 400: no previous container yet; 404: gone meanwhile
         return replace(pod, log_error=None if error.status in (400, 404) else str(error))
-    return replace(pod, previous_log=text)
+    return replace(pod, previous_log=log_digest(text))
 
 
 def _ready_endpoints(kube: Kube, namespace: str, service: str) -> int | None:

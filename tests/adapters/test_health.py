@@ -322,6 +322,23 @@ def test_a_log_the_kubelet_cannot_serve_costs_only_that_pods_cause(harness: Harn
     assert harness.kubeapi.count("GET", r"/log$") == 1, "a kubelet that cannot answer is asked once"
 
 
+def test_a_crash_looping_pods_log_is_held_as_its_digest(harness: Harness) -> None:
+    """Every crash-looping pod's previous log is held until the run ends; a fail-closed webhook
+    stops calico-node on every node. Held whole, 200 lines of 5,000 characters are 1 MB a pod; the
+    digest keeps the lines the causes read, cut, and the cause is the same."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    noise = [f"2026-11-30 11:57:{n % 60:02d}.000 [INFO][9] felix/config.go 12: " + "k=v " * 1250 for n in range(199)]
+    log = "\n".join([*noise, V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13")]) + "\n"
+    crash_looping(harness.kubeapi, s.NEW_NODE, log, restarts=7)
+    config = harness.config()
+    inputs = harness.dependencies(config).health(config)
+    (pod,) = [p for p in inputs.pods or () if p.node == s.NEW_NODE]
+    assert len(log) > 1_000_000 and pod.previous_log is not None and len(pod.previous_log) < 10_000
+    (finding,) = harness.run()[0]["health"]["calico_node"]
+    assert (finding["cause"], finding["holder"]) == ("ip_conflict_orphan", s.CONFLICT_ORPHAN)
+
+
 def test_label_selectors_follow_kubernetes_semantics() -> None:
     labels = {"kubernetes.io/metadata.name": "kube-system", "tier": "system"}
     assert selector_matches(None, labels) and selector_matches({}, labels)
