@@ -1,7 +1,9 @@
 """`make bench-crash-loop`: the dry run of a 5,000-host fleet (etcd v3) in which every calico-node
 crash-loops, as when a fail-closed webhook stops them all (incident 2): each pod's previous log
 is 200 lines of calico-node's start, ending in an address conflict. Every such log is read and
-held until the run ends, so this is where the health check's memory goes.
+held until the run ends, so this is where the health check's memory goes. Each log's answer is
+delayed by --log-latency-ms, for the kubelet the API server passes the request to (assumed, not
+measured here: loopback answers in under a millisecond, which no kubelet does).
 
 Prints, as medians with their spread over the runs: the job's wall time and peak RSS, and the
 calico-node findings and their causes; with `--job-tree`, the same dry run of another checkout
@@ -13,7 +15,9 @@ from __future__ import annotations
 import argparse
 import compileall
 import statistics
+import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=5000)
     parser.add_argument("--orphans", type=int, default=500)
     parser.add_argument("--log-lines", type=int, default=200, help="each previous log's lines (the job reads 200)")
+    parser.add_argument("--log-latency-ms", type=float, default=10, help="each log's answer is delayed this long")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, run beside this one")
     options = parser.parse_args()
@@ -64,12 +69,14 @@ def main() -> int:
     def crash_looping(kubeapi: KubeApiServer, node: str) -> None:
         log = previous_log(node, len(kubeapi.logs), options.log_lines)
         kubeapi.add_calico_node_pod(node, ready=False, restarts=12, waiting="CrashLoopBackOff", log=log)
+        if len(kubeapi.logs) == 1:
+            kubeapi.on("GET", r"/log$", partial(time.sleep, options.log_latency_ms / 1000), times=10**9)
 
     with cluster("calico-gc-crash-loop-", live, add_node=crash_looping) as (etcd, _, env):
         keys = load(etcd.url, datastore(options.hosts, options.orphans, 20))
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned); "
-            f"{len(live)} calico-nodes crash-loop"
+            f"{len(live)} calico-nodes crash-loop, each log answered in {options.log_latency_ms:g} ms"
         )
         trees: dict[str, Path | None] = {"this job": None}
         if options.job_tree:

@@ -399,6 +399,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "--log-read-budget",
+        "CALICO_GC_LOG_READ_BUDGET",
+        "60s",
+        "Longest time spent reading crash-looping calico-nodes' previous logs, 8 at a time (each waits on "
+        "a kubelet, and the run's plan waits for them); a pod whose log is not read by then has cause "
+        "unknown. 0: read none.",
+        metavar="DURATION",
+    ),
+    Option(
         "--fail-on",
         "CALICO_GC_FAIL_ON",
         "never",
@@ -489,6 +498,7 @@ class Config:
     calico_node_namespaces: tuple[str, ...] = ("kube-system", "calico-system")
     calico_node_selector: str = "k8s-app=calico-node"
     log_tail_lines: int = 200
+    log_read_budget: timedelta = timedelta(seconds=60)
     fail_on: str = "never"
     pushgateway: str | None = None
     cluster_name: str | None = None
@@ -843,6 +853,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
         log_tail_lines=_int(
             "--log-tail-lines", text("log_tail_lines"), 1, MAX_LOG_TAIL_LINES, "each log is read whole"
         ),
+        log_read_budget=duration("log_read_budget"),
         fail_on=text("fail_on"),
         pushgateway=_pushgateway(optional("pushgateway")),
         cluster_name=optional("cluster_name"),

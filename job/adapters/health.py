@@ -4,6 +4,10 @@ that cannot be read is skipped, never a failed run. The diagnosis itself is pure
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -12,13 +16,14 @@ import structlog
 
 from job.adapters import kube_protobuf
 from job.adapters.kube import Kube, KubeError, either, json_page
-from job.config import Config
+from job.config import Config, format_duration
 from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping, log_digest
 
 log = structlog.get_logger("calico_gc.health")
 CALICO_NODE_CONTAINER = "calico-node"
 # The calico-node pods in protobuf where the server speaks it: JSON-shaped, so read alike.
 CALICO_NODE_PAGE = either("PodList", kube_protobuf.as_json, json_page, message="HealthPodList")
+LOG_READERS = 8  # previous logs read at once: each waits on a kubelet, through the API server
 WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 
 
@@ -38,7 +43,7 @@ def read_health(kube: Kube, config: Config) -> HealthInputs:
                 kube_protobuf.ACCEPT,
             )
         ]
-        inputs.pods = tuple(_with_previous_log(kube, pod, config) for pod in pods)
+        inputs.pods = _with_previous_logs(kube, pods, config)
     except KubeError as error:
         inputs.pods = None
         inputs.checks["calico_node"] = _skipped(error)
@@ -61,9 +66,49 @@ def read_health(kube: Kube, config: Config) -> HealthInputs:
     return inputs
 
 
+def _with_previous_logs(kube: Kube, pods: Sequence[CalicoNodePod], config: Config) -> tuple[CalicoNodePod, ...]:
+    """The pods, each crash-looping one with its previous log, read LOG_READERS at a time within
+    --log-read-budget. When a fail-closed webhook stops calico-node on every node, every pod's log
+    is read, one request each that the API server passes to a kubelet (30 s at most): one at a
+    time, 5,000 of them could outlast the Job's deadline, and the plan waits for them. A log not
+    read in time leaves its pod's cause unknown; a read still running then is abandoned (daemon
+    threads, as the run abandons a read that hangs)."""
+    looping = queue.SimpleQueue[int]()
+    for index, pod in enumerate(pods):
+        if is_crash_looping(pod, config.restart_threshold):
+            looping.put(index)
+    wanted, read = looping.qsize(), dict[int, CalicoNodePod]()
+    budget = config.log_read_budget.total_seconds()
+    deadline, all_read, lock = time.monotonic() + budget, threading.Event(), threading.Lock()
+
+    def reader() -> None:
+        while time.monotonic() < deadline:
+            try:
+                index = looping.get_nowait()
+            except queue.Empty:
+                return
+            pod = _with_previous_log(kube, pods[index], config)
+            with lock:
+                read[index] = pod
+                if len(read) == wanted:
+                    all_read.set()
+
+    if wanted and budget > 0:
+        for _ in range(min(LOG_READERS, wanted)):
+            threading.Thread(target=reader, daemon=True).start()
+        all_read.wait(budget)
+    with lock:
+        done = dict(read)
+    why = (
+        f"not read: --log-read-budget ({format_duration(config.log_read_budget)}) ran out, {len(done)} of {wanted} read"
+    )
+    return tuple(
+        done.get(index) or (replace(pod, log_error=why) if is_crash_looping(pod, config.restart_threshold) else pod)
+        for index, pod in enumerate(pods)
+    )
+
+
 def _with_previous_log(kube: Kube, pod: CalicoNodePod, config: Config) -> CalicoNodePod:
-    if not is_crash_looping(pod, config.restart_threshold):
-        return pod
     path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/log"
     query = {"container": CALICO_NODE_CONTAINER, "previous": "true", "tailLines": config.log_tail_lines}
     try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,45 @@ def test_a_crash_looping_pods_log_is_held_as_its_digest(harness: Harness) -> Non
     assert len(log) > 1_000_000 and pod.previous_log is not None and len(pod.previous_log) < 10_000
     (finding,) = harness.run()[0]["health"]["calico_node"]
     assert (finding["cause"], finding["holder"]) == ("ip_conflict_orphan", s.CONFLICT_ORPHAN)
+
+
+def test_previous_logs_are_read_eight_at_a_time(harness: Harness) -> None:
+    """When calico-node crash-loops everywhere, every pod's log is a request the API server passes
+    to a kubelet: one at a time, 5,000 of them could outlast the Job's deadline. Each log request
+    here waits at a barrier of eight, which only eight reads at once pass (one at a time, the
+    first waits out the barrier's timeout and every log is a 500)."""
+    harness.seed(s.kops_cluster())
+    nodes = [f"worker-{index}" for index in range(12)]
+    for node in nodes:
+        crash_looping(harness.kubeapi, node, API_TIMEOUT.format(node=node) + "\n")
+    barrier = threading.Barrier(8, timeout=30)
+    harness.kubeapi.on("GET", r"/log$", barrier.wait, times=8)
+    report, code = harness.run()
+    causes = {entry["node"]: entry["cause"] for entry in report["health"]["calico_node"]}
+    assert code == 0 and causes == dict.fromkeys(nodes, "apiserver_unreachable")
+    assert not barrier.broken
+
+
+@pytest.mark.parametrize("budget", [timedelta(seconds=0.5), timedelta(0)])
+def test_logs_not_read_within_the_budget_leave_their_cause_unknown(harness: Harness, budget: timedelta) -> None:
+    """Kubelets that never answer (held here until the test ends) cost the run its budget, not
+    30 s a pod: the run ends while every read still hangs. With a budget of 0 no log is asked."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    crash_looping(harness.kubeapi, s.NEW_NODE, V3_CONFLICT.format(holder=s.CONFLICT_ORPHAN, ip="10.0.1.13"))
+    hung = threading.Event()
+    harness.kubeapi.on("GET", r"/log$", hung.wait, times=10)
+    try:
+        report, code = harness.run(harness.config(log_read_budget=budget))
+        asked = harness.kubeapi.count("GET", r"/log$")
+    finally:
+        hung.set()
+    (entry,) = report["health"]["calico_node"]
+    assert code == 0 and entry["crash_looping"] and entry["cause"] == "unknown" and asked == (1 if budget else 0)
+    assert entry["evidence"] == [
+        f"previous log not readable: not read: --log-read-budget ({budget.seconds}s) ran out, 0 of 1 read"
+    ]
 
 
 def test_label_selectors_follow_kubernetes_semantics() -> None:
