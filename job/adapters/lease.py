@@ -65,8 +65,9 @@ class LeaseLock:
         held = current.get("spec") or {}
         other = held.get("holderIdentity")
         renewed = parse_time(held.get("renewTime")) or parse_time(held.get("acquireTime"))
-        expires = renewed + timedelta(seconds=held.get("leaseDurationSeconds") or 0) if renewed else None
-        if other and other != self.holder and expires is not None and expires > now:
+        # Time left, not an expiry: renewed + duration overflows for a renewal in the year 9999.
+        left = renewed - now + timedelta(seconds=held.get("leaseDurationSeconds") or 0) if renewed else None
+        if other and other != self.holder and left is not None and left > timedelta(0):
             return str(other)
         current["spec"] = {
             **held,
@@ -74,7 +75,7 @@ class LeaseLock:
             "leaseTransitions": int(held.get("leaseTransitions") or 0) + (other != self.holder),
         }
         if other and other != self.holder:
-            log.warning("lease_taken_over", previous_holder=other, expired_at=str(expires))
+            log.warning("lease_taken_over", previous_holder=other, expired_at=None if left is None else str(now + left))
         return self._take("PUT", f"{self._path}/{self.name}", current, str(other or "another run"))
 
     def _take(self, method: str, path: str, body: dict[str, Any], other: str) -> str | None:

@@ -50,6 +50,22 @@ def test_lock_held_by_another_run_exits_0_and_touches_nothing(harness: Harness) 
     assert harness.kubeapi.count("GET", "^/api/v1/nodes") == 0, "nothing is read without the lock"
 
 
+@pytest.mark.parametrize(
+    ("renewed", "seconds", "outcome"),
+    [("9999-12-31T23:59:59.999999Z", 2**31 - 1, "lock_held"), ("0001-01-01T00:00:00.000000Z", 2**31 - 1, "ok")],
+)
+def test_a_lease_renewed_at_either_end_of_time_is_decided(
+    harness: Harness, renewed: str, seconds: int, outcome: str
+) -> None:
+    """A Lease another holder renewed in the year 9999 (a clock gone wrong) is held, not an
+    OverflowError (the run's `unexpected`, exit 1): the expiry is worked out as time left, which
+    cannot overflow. One renewed in the year 1, for the longest duration a Lease takes, expired."""
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.put(LEASES, lease("clock-gone-wrong", renewed, seconds=seconds))
+    report, code = harness.run(harness.config(), lock=True)
+    assert (code, report["outcome"]) == (0, outcome)
+
+
 def test_expired_lock_is_taken_over_and_released_at_the_end(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
     harness.kubeapi.put(LEASES, lease("crashed-run", "2026-11-30T10:00:00.000000Z", seconds=600))
