@@ -1259,3 +1259,41 @@ def test_the_server_counts_the_bytes_it_encodes_per_format_and_resource(kubeapi:
         "json /api/v1/pods": len(missing.content),
     }
     assert kubeapi.take_encoded_bytes() == {}, "each call counts anew"
+
+
+@pytest.mark.parametrize(
+    ("tail", "code", "answer"),
+    [
+        ("2", 200, "two\nthree\n"),
+        ("0", 200, ""),
+        ("+7", 200, "one\ntwo\nthree\n"),
+        (
+            "-1",
+            422,
+            'PodLogOptions "calico-node-n1" is invalid: '
+            "tailLines: Invalid value: -1: must be greater than or equal to 0",
+        ),
+        ("last", 400, 'strconv.ParseInt: parsing "last": invalid syntax'),
+        ("9" * 5000, 400, f'strconv.ParseInt: parsing "{"9" * 5000}": value out of range'),
+    ],
+)
+def test_a_previous_logs_options_are_decoded_and_validated_before_the_kubelet_is_asked(
+    kubeapi: KubeApiServer, tail: str, code: int, answer: str
+) -> None:
+    """PodLogOptions as the log handler reads them: tailLines in strconv.ParseInt's syntax (a 400
+    BadRequest), at least 0 (a 422, pkg/registry/core/pod/rest/log.go's validation), then the
+    kubelet's tail: 0 is no line. The test server once read any int() took (`last` dropped the
+    connection; -1 and 0 were every line but the first, or every line)."""
+    pod = kubeapi.add_calico_node_pod("n1", ready=False, restarts=7, log="one\ntwo\nthree\n")
+    got = call(kubeapi, "GET", f"/api/v1/namespaces/kube-system/pods/{pod}/log", previous="true", tailLines=tail)
+    assert got.status_code == code
+    assert (got.text if code == 200 else got.json()["message"]) == answer
+
+
+def test_a_grace_period_of_more_digits_than_int_reads_is_out_of_range(kubeapi: KubeApiServer) -> None:
+    """strconv.ParseInt says `value out of range` for any length; int() refuses more than 4,300
+    digits with a ValueError, which dropped the connection."""
+    kubeapi.add_node("n1")
+    answer = call(kubeapi, "DELETE", "/api/v1/nodes/n1", gracePeriodSeconds="9" * 5000)
+    assert answer.status_code == 400 and answer.json()["message"].endswith("value out of range")
+    assert kubeapi.get("/api/v1/nodes", "n1") is not None

@@ -835,11 +835,23 @@ class KubeApiServer:
         return 201, review
 
     def _log(self, namespace: str, pod: str, query: dict[str, str]) -> tuple[int, dict[str, Any] | str]:
+        """A previous container's log. PodLogOptions are decoded (a 400 in strconv's words) and
+        validated (a negative tailLines is a 422, pkg/registry/core/pod/rest/log.go) before the
+        kubelet is asked (a 400 when there is no previous container); tailLines=0 is no line."""
+        tail = None
+        if "tailLines" in query:
+            tail, refused = _int64(query["tailLines"])
+            if refused is not None:
+                return refused
+            if tail < 0:
+                message = f"tailLines: Invalid value: {tail}: must be greater than or equal to 0"
+                return 422, status_body(422, f'PodLogOptions "{pod}" is invalid: {message}')
         text = self.logs.get((namespace, pod))
         if text is None or query.get("previous") != "true":
             return 400, status_body(400, f'previous terminated container "calico-node" in pod "{pod}" not found')
-        lines = text.splitlines()[-int(query.get("tailLines") or 10**9) :]
-        return 200, "\n".join(lines) + "\n"
+        lines = text.splitlines()
+        lines = lines if tail is None else lines[max(0, len(lines) - tail) :]
+        return 200, "".join(line + "\n" for line in lines)
 
     def _listing(self, collection: str, plural: str) -> list[tuple[str, str, str]]:
         """The collection's objects as (list key, collection, name), sorted by key; a namespaced
@@ -1067,11 +1079,10 @@ def _delete_options(
     options: dict[str, Any] = {}
     for key, text in query.items():
         if key == "gracePeriodSeconds":
-            if not re.fullmatch(r"[+-]?[0-9]+", text):
-                return (400, status_body(400, f'strconv.ParseInt: parsing "{text}": invalid syntax')), {}
-            options[key] = int(text)
-            if not -(2**63) <= options[key] < 2**63:
-                return (400, status_body(400, f'strconv.ParseInt: parsing "{text}": value out of range')), {}
+            seconds, refused = _int64(text)
+            if refused is not None:
+                return refused, {}
+            options[key] = seconds
         elif key == "orphanDependents":
             if text not in (*GO_TRUE, *GO_FALSE):
                 return (400, status_body(400, f'strconv.ParseBool: parsing "{text}": invalid syntax')), {}
@@ -1079,6 +1090,17 @@ def _delete_options(
         elif key == "propagationPolicy":
             options[key] = text
     return None, options
+
+
+def _int64(text: str) -> tuple[int, None] | tuple[None, tuple[int, dict[str, Any]]]:
+    """A typed query parameter as strconv.ParseInt(text, 10, 64) reads it, or the 400 BadRequest
+    that parameter decoding answers, in strconv's words. Its length is checked before int(), which
+    refuses more than 4,300 digits with a ValueError (the server once dropped the connection)."""
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        return None, (400, status_body(400, f'strconv.ParseInt: parsing "{text}": invalid syntax'))
+    if len(text.lstrip("+-").lstrip("0")) > 19 or not -(2**63) <= int(text) < 2**63:
+        return None, (400, status_body(400, f'strconv.ParseInt: parsing "{text}": value out of range'))
+    return int(text), None
 
 
 def _timestamp(when: datetime) -> str:
