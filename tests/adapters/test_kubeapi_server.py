@@ -1297,3 +1297,15 @@ def test_a_grace_period_of_more_digits_than_int_reads_is_out_of_range(kubeapi: K
     answer = call(kubeapi, "DELETE", "/api/v1/nodes/n1", gracePeriodSeconds="9" * 5000)
     assert answer.status_code == 400 and answer.json()["message"].endswith("value out of range")
     assert kubeapi.get("/api/v1/nodes", "n1") is not None
+
+
+def test_a_lists_limit_is_decoded_as_an_int64_and_none_above_zero_is_no_limit(kubeapi: KubeApiServer) -> None:
+    """ListOptions' `limit` as strconv.ParseInt reads an int64 (a 400 in its words: `ten`, or 5,000
+    digits, which int() refused with a ValueError that dropped the connection); a limit of 0 or
+    less lists everything, as the storage pages only for a limit above 0."""
+    for name in ("n1", "n2", "n3"):
+        kubeapi.add_node(name)
+    for limit, code, count in (("2", 200, 2), ("0", 200, 3), ("-1", 200, 3), ("ten", 400, 0), ("9" * 5000, 400, 0)):
+        answer = call(kubeapi, "GET", "/api/v1/nodes", limit=limit)
+        assert answer.status_code == code, limit
+        assert len(answer.json().get("items") or []) == count

@@ -920,7 +920,10 @@ class KubeApiServer:
                     "continue parameter.",
                 )
             start = bisect.bisect_right(listing, (last, "\uffff", "\uffff"))
-        limit = int(query.get("limit") or 0) or len(listing)
+        limit, refused = _int64(query.get("limit") or "0")  # ListOptions' int64; 0 or less: no limit
+        if refused is not None:
+            return refused
+        limit = limit if limit > 0 else len(listing)
         page: list[tuple[str, str, str]] = []
         position, more = start, False
         while position < len(listing):
