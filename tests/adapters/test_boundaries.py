@@ -168,6 +168,46 @@ def test_an_etcd_answer_of_another_shape_is_a_bad_answer_in_one_line(
     assert "ETCD_ENDPOINTS" in error["message"]
 
 
+V2_LEAF = {"key": "/calico/v1/host/a/bird_ip", "value": "10.0.0.1", "modifiedIndex": 9, "createdIndex": 9}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("modifiedIndex", "9", "Expected `int`, got `str`"),
+        ("modifiedIndex", 1.5, "Expected `int`, got `float`"),
+        ("modifiedIndex", -1, "Expected `int` >= 0"),
+        ("modifiedIndex", None, "Expected `int`, got `null`"),
+        ("modifiedIndex", 10**30, "Expected `int` <= 9223372036854775807"),
+        ("value", 5, "Expected `str`, got `int`"),
+        ("key", ["a"], "Expected `str`, got `array`"),
+        ("nodes", {}, "Expected `array`, got `object`"),
+    ],
+)
+def test_an_etcd_v2_answer_with_a_field_of_another_type_is_a_bad_answer_in_one_line(
+    harness: Harness, capsys: pytest.CaptureFixture[str], field: str, value: Any, said: str
+) -> None:
+    """etcd v2's JSON with one field the job reads in a type etcd never writes (a modifiedIndex is
+    a whole number, the write's prevIndex): the run stops with a bad answer naming the field,
+    exit 2. A modifiedIndex of `"9"`, `null` or a list ended in `unexpected` (exit 1), and 1.5
+    was taken as 1. Fields the job does not read (createdIndex, ttl) may hold anything."""
+    leaf = {**V2_LEAF, field: value, "createdIndex": "anything", "ttl": None}
+    body = json.dumps({"action": "get", "node": {"key": "/calico", "dir": True, "nodes": [leaf]}}).encode()
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    for url in serve(answer):
+        code, report = run_main(harness, capsys, ETCD_ENDPOINTS=url, DATASTORE_TYPE="etcdv2")
+        error = only_error(report)
+        assert (code, error["kind"]) == (2, "bad_answer") and said in error["message"]
+        assert "$.node.nodes[0]" in error["message"] and "not etcd's JSON API" in error["message"]
+
+
 def test_an_etcd_hanging_up_at_once_is_tried_again_at_the_next_endpoint(
     harness: Harness, hangup_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 from job.adapters.datastores.base import DatastoreError
 from job.adapters.datastores.etcd_http import EtcdHttp
@@ -60,17 +62,35 @@ NOT_FOUND = 404
 HOST_ROOTS = (HOSTS, BGP_HOSTS, FELIX_HOSTS, IPAM_HOSTS)
 
 
-def _leaves(node: dict[str, Any]) -> Iterator[StoredItem]:
+class Node(msgspec.Struct, frozen=True):
+    """A node of a v2 answer, as etcd v2 writes it: the fields read, typed, so that one of
+    another type is said as a bad answer (a modifiedIndex that is no whole number was an
+    `unexpected` error); etcd's others (createdIndex, ttl, expiration) are passed over."""
+
+    key: str = ""
+    dir: bool = False
+    value: str = ""
+    modifiedIndex: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0  # etcd's name; a uint64 far below 2**63
+    nodes: tuple[Node, ...] = ()
+
+
+class _Answer(msgspec.Struct, frozen=True):
+    node: Node | None = None
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+
+def _leaves(node: Node) -> Iterator[StoredItem]:
     """Every key in a v2 recursive answer, depth first. A directory that holds no key at all,
     however deep, comes as one item whose key ends with "/" and whose value is None."""
-    if node.get("dir"):
-        children = node.get("nodes") or []
-        if not children and "key" in node:
-            yield StoredItem(node["key"] + "/", int(node.get("modifiedIndex", 0)), None)
-        for child in children:
+    if node.dir:
+        if not node.nodes and node.key:
+            yield StoredItem(node.key + "/", node.modifiedIndex, None)
+        for child in node.nodes:
             yield from _leaves(child)
-    elif "key" in node:
-        yield StoredItem(node["key"], int(node.get("modifiedIndex", 0)), node.get("value", ""))
+    elif node.key:
+        yield StoredItem(node.key, node.modifiedIndex, node.value)
 
 
 def _host_directories(name: str, keys: list[str]) -> tuple[StoredItem, ...]:
@@ -233,14 +253,18 @@ class EtcdV2Datastore:
     def describe(self) -> dict[str, object]:
         return {"type": self.type, "endpoints": self._http.endpoints}
 
-    def _get(self, key: str, recursive: bool = False) -> dict[str, Any] | None:
+    def _get(self, key: str, recursive: bool = False) -> Node | None:
         status, answer = self._http.request(
-            "GET", f"/v2/keys{key}", params={"recursive": "true"} if recursive else None, expect=(200, NOT_FOUND)
+            "GET",
+            f"/v2/keys{key}",
+            params={"recursive": "true"} if recursive else None,
+            expect=(200, NOT_FOUND),
+            decode=_ANSWER.decode,
         )
         if status == NOT_FOUND:
             return None
-        node = answer.get("node") if isinstance(answer, dict) else None
-        if not isinstance(node, dict):
+        node: Node | None = answer.node
+        if node is None:
             raise DatastoreError(
                 f"etcd v2 GET {key} answered without a node: not the etcd v2 API? check ETCD_ENDPOINTS"
             )
@@ -249,14 +273,14 @@ class EtcdV2Datastore:
     def has_calico_data(self) -> bool:
         """Whether a Calico 2.x host tree exists (used to explain an empty etcd v3 keyspace)."""
         node = self._get(HOSTS)
-        return bool(node and node.get("nodes"))
+        return bool(node and node.nodes)
 
     def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
         """Everything: etcd v2 answers each tree whole (it cannot page), so `kube_names` (see
         Datastore.read) would not lower the peak."""
         guid, ready = self._get(CLUSTER_GUID), self._get(READY)
         cluster = ClusterInfo(
-            guid.get("value") if guid else None, None if ready is None else ready.get("value") != "false"
+            guid.value if guid and not guid.dir else None, None if ready is None else ready.value != "false"
         )
         items = (item for tree in TREES for node in [self._get(tree, recursive=True)] if node for item in _leaves(node))
         return build_inventory(items, cluster)
@@ -265,8 +289,8 @@ class EtcdV2Datastore:
         found = {}
         for key in keys:
             node = self._get(key)
-            if node is not None and not node.get("dir"):
-                found[key] = StoredItem(key, int(node["modifiedIndex"]), node.get("value", ""))
+            if node is not None and not node.dir:
+                found[key] = StoredItem(key, node.modifiedIndex, node.value)
         return found
 
     def handles(self, ids: Iterable[str]) -> dict[str, IpamHandle]:
@@ -322,8 +346,8 @@ def _is_identity(key: str) -> bool:
     return key.startswith(HOSTS) and key.endswith(("/metadata", "/orchestrator_refs")) and key.count("/") == 5
 
 
-def _directories(node: dict[str, Any]) -> Iterator[str]:
-    if node.get("dir"):
-        yield node["key"]
-        for child in node.get("nodes") or []:
+def _directories(node: Node) -> Iterator[str]:
+    if node.dir:
+        yield node.key
+        for child in node.nodes:
             yield from _directories(child)
