@@ -186,7 +186,7 @@ def _source(config: Config, deps: Dependencies) -> dict[str, Any]:
         return deps.reports.fetch(config.command.run_id)
     try:
         document = json.loads(config.command.from_file.read_text())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise KeepError(f"cannot read the report {config.command.from_file}: {error}", "config") from error
     if not isinstance(document, dict):
         raise KeepError(f"{config.command.from_file} is not a JSON report", "config")

@@ -190,7 +190,7 @@ class ReportKeeper:
                 raise KeepError(f"{name} is not base64: {error}") from error
         try:
             document = json.loads(gzip.decompress(packed))
-        except (OSError, EOFError, zlib.error, ValueError) as error:
+        except (OSError, EOFError, zlib.error, ValueError, RecursionError) as error:
             raise KeepError(f"kept report of run {run_id} cannot be read: {error}") from error
         if not isinstance(document, dict):
             raise KeepError(f"kept report of run {run_id} is not a JSON object")

@@ -150,7 +150,7 @@ def _located(raw: bytes, said: str) -> ValueError:
     found = _ITEM_AT.search(said)
     try:
         page = json.loads(raw) if found else None
-    except ValueError:
+    except (ValueError, RecursionError):
         page = None
     if (
         found is None
@@ -188,13 +188,18 @@ def typed_page(item: type[msgspec.Struct]) -> Page:
             page: Any = decoder.decode(raw)
         except msgspec.DecodeError as error:
             raise _located(raw, str(error)) from None
+        except RecursionError:  # nested past Python's limit: a page that is a ValueError, said as one
+            raise ValueError("nested deeper than calico-gc reads") from None
         return page.items or (), page.metadata.continue_ or None
 
     return decode
 
 
 def json_page(raw: bytes) -> tuple[Sequence[Any], str | None]:
-    page = json.loads(raw)
+    try:
+        page = json.loads(raw)
+    except RecursionError:  # nested past Python's limit: a page it cannot read, as any other
+        raise ValueError("nested deeper than calico-gc reads") from None
     if not isinstance(page, dict) or not isinstance(page.get("items") or [], list):
         raise ValueError("not a list")
     return page.get("items") or (), (page.get("metadata") or {}).get("continue") or None
@@ -462,7 +467,7 @@ class Kube:
         text = self.request_bytes(method, path, query, body).decode(errors="replace")
         try:
             data = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if not isinstance(data, dict):
             raise KubeError(

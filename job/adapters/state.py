@@ -52,7 +52,7 @@ def decode(text: str, source: str) -> Loaded:
     a document that is not state at all loses every one. Both are reported, never fatal."""
     try:
         document = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         return Loaded({}, (f"{source} is not JSON ({error}); every wait restarts",))
     orphans = document.get("orphans") if isinstance(document, dict) else None
     if not isinstance(orphans, dict):

@@ -932,5 +932,5 @@ def parse_handle(text: str) -> Any:
         return {"block": {one[1]: int(one[2])}, "deleted": False}
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
         return None

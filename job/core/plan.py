@@ -464,7 +464,7 @@ def _block(item: StoredItem, cidr: str) -> IpamBlock | None:
     """A block read again: its summary, or None when it cannot be edited safely any more."""
     try:
         data = json.loads(item.value or "")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if block_shape_problem(data, cidr) is not None:
         return None

@@ -461,6 +461,35 @@ def test_a_node_address_whose_prefix_is_no_ascii_number_is_no_address_not_a_cras
     assert hosts_by_name(report)["odd-1"]["action"] == "would_delete"
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # JSON; Go's decoders stop at 10,000 levels, Python's near 1,000
+DEEP_KEYS = {
+    "Calico Node": "/calico/resources/v3/projectcalico.org/nodes/deep",
+    "block": "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26",
+    "handle": "/calico/ipam/v2/handle/deep",
+    "workload endpoint": "/calico/resources/v3/projectcalico.org/workloadendpoints/default/deep-k8s-p-eth0",
+    "IP pool": "/calico/resources/v3/projectcalico.org/ippools/deep",
+    "ClusterInformation": "/calico/resources/v3/projectcalico.org/clusterinformations/default",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DEEP_KEYS))
+def test_a_value_nested_past_pythons_limit_is_malformed_not_a_crash(harness: Harness, kind: str) -> None:
+    """A value nested 100,000 deep, which no decoder here reads (RecursionError, not the
+    ValueError of malformed JSON), is a malformed value said with its key; the run goes on. Each
+    ended the run in `unexpected` (exit 1). A handle no block names is not read whole."""
+    seed = calico.CalicoSeed()
+    seed.cluster_information()
+    seed.node("live-a", ipv4="10.0.0.1")
+    seed.node("odd-1", ipv4="10.0.0.2")
+    calico.load(harness.etcd.url, {**seed.keys, DEEP_KEYS[kind]: DEEP})
+    harness.kubeapi.add_node("live-a", "10.0.0.1")
+    report, code = harness.run(harness.config(max_orphan_fraction=1.0))
+    said = {e.get("key"): e["message"] for e in report["errors"] if e["kind"] == "malformed_value"}
+    assert code == 0 and [e for e in report["errors"] if e["kind"] == "unexpected"] == []
+    assert kind == "handle" or said[DEEP_KEYS[kind]] == "not valid JSON: nested deeper than calico-gc reads"
+    assert hosts_by_name(report)["odd-1"]["action"] == "would_delete"
+
+
 @pytest.mark.slow  # a run or two per seed: about 10 s a test
 @pytest.mark.parametrize("seed", range(16))  # 0 and 3 fail without bare_ip's fixes (a NUL, `²`)
 def test_a_value_of_any_shape_anywhere_in_an_etcd_value_is_said_never_a_crash(harness: Harness, seed: int) -> None:

@@ -134,6 +134,10 @@ def test_malformed_values_and_unknown_keys_are_reported_not_fatal(harness: Harne
     seed.put(f"/calico/v1/host/{ORPHAN}/orchestrator_refs", "{not json")
     seed.put("/calico/ipam/v2/assignment/ipv4/block/garbage", "{}")
     seed.put("/calico/bgp/v1/host/ghost-host/ip_addr_v4", "10.9.9.9")
+    # A pool's value a JSON list ended the run in `unexpected` (`.get` of a list); one nested past
+    # Python's limit was json's RecursionError: each is said once, as what it is.
+    seed.put("/calico/v1/ipam/v4/pool/10.8.0.0-16", "[1]")
+    seed.put("/calico/v1/ipam/v4/pool/10.7.0.0-16", "[" * 100_000 + "]" * 100_000)
     seed.load(harness.etcd.url)
     for name, ip in k8s:
         harness.kubeapi.add_node(name, ip)
@@ -141,6 +145,11 @@ def test_malformed_values_and_unknown_keys_are_reported_not_fatal(harness: Harne
     assert code == 0
     kinds = {(e["kind"], e["key"].rsplit("/", 1)[-1]) for e in report["errors"]}
     assert ("malformed_value", "orchestrator_refs") in kinds and ("unknown_key", "garbage") in kinds
+    pools = sorted((e["key"].rsplit("/", 1)[-1], e["message"]) for e in report["errors"] if "/pool/" in e["key"])
+    assert pools == [
+        ("10.7.0.0-16", "not valid JSON: nested deeper than calico-gc reads"),
+        ("10.8.0.0-16", "IP pool cidr None is not a network"),
+    ]
     # BGP keys of a name with no Calico host: an IPAM-only (here BGP-only) host, planned as such.
     ghost = hosts_by_name(report)["ghost-host"]
     assert (ghost["action"], ghost["reason"]) == ("would_delete", "no_calico_node")

@@ -26,10 +26,13 @@ def grace_errors(report: dict[str, object]) -> list[str]:
     return [e["message"] for e in report["errors"] if e["kind"] == "grace_state"]  # type: ignore[attr-defined,index]
 
 
-def test_a_corrupt_state_file_is_reported_and_every_wait_restarts(harness: Harness) -> None:
+@pytest.mark.parametrize("text", ["{not json", "[" * 100_000 + "]" * 100_000])
+def test_a_corrupt_state_file_is_reported_and_every_wait_restarts(harness: Harness, text: str) -> None:
+    """Also a file nested past Python's limit: json's RecursionError ended the run in
+    `unexpected` (exit 1)."""
     harness.seed(s.kops_cluster())
     state = harness.tmp / "state.json"
-    state.write_text("{not json")
+    state.write_text(text)
     report, code = harness.run(harness.config(apply=True, **GRACE))
     assert code == 0 and report["summary"]["deleted"] == 0 and report["summary"]["waiting_grace"] == 2
     (message,) = grace_errors(report)

@@ -524,3 +524,20 @@ def test_outside_a_cluster_the_default_kubeconfig_is_used_as_kubectl_does(
     (tmp_path / ".kube" / "config").unlink()
     with pytest.raises(KubeError, match="set --kubeconfig or KUBECONFIG"):
         api_client(Config())
+
+
+@pytest.mark.parametrize("text", ["{not json", "[" * 100_000 + "]" * 100_000])
+def test_a_report_file_restore_cannot_read_is_said_in_one_line(
+    harness: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    """`restore --from-file` of a file that is no JSON, or JSON nested past Python's limit (a
+    RecursionError, which was a traceback), is a setting to fix: exit 2, nothing written."""
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    report_file = tmp_path / "report.json"
+    report_file.write_text(text)
+    code = main(["restore", "--from-file", str(report_file)], environment(harness, tmp_path))
+    out = capsys.readouterr()
+    assert code == 2 and "Traceback" not in out.err
+    assert f"cannot read the report {report_file}" in out.out + out.err
+    assert harness.dump() == before

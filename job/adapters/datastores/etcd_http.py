@@ -120,11 +120,11 @@ class EtcdHttp:
             if decode is not None and response.status_code in expect:
                 try:
                     return response.status_code, decode(body)
-                except ValueError as error:
+                except (ValueError, RecursionError) as error:
                     raise _not_etcd(response, url, one_line(str(error))) from None
             try:
                 parsed = json.loads(body)
-            except ValueError:  # UnicodeDecodeError included
+            except (ValueError, RecursionError):  # UnicodeDecodeError included
                 raise _not_etcd(response, url) from None
             if response.status_code in expect:
                 return response.status_code, parsed

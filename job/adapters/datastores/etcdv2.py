@@ -182,7 +182,7 @@ def build_inventory(items: Iterator[StoredItem], cluster: ClusterInfo) -> Invent
         else:
             if item.key.startswith(POOLS):
                 if "/pool/" in item.key and item.value is not None:
-                    collect_pool(collected, item, (collected.json(item) or {}).get("cidr"))
+                    collect_pool(collected, item, "cidr")
             else:
                 collect_key(collected, item)  # IPAM: blocks, affinities, handles
     hosts: list[CalicoHost] = []

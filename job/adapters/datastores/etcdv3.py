@@ -307,7 +307,11 @@ def endpoint_spec(value: str | bytes) -> tuple[str, list[str]] | None:
     for a value of another shape, which the caller parses whole to say what is wrong with it."""
     try:
         spec = _ENDPOINT.decode(value).spec
-    except (msgspec.DecodeError, UnicodeEncodeError):  # UnicodeEncodeError: text with surrogates (_text)
+    except (
+        msgspec.DecodeError,
+        UnicodeEncodeError,
+        RecursionError,
+    ):  # UnicodeEncodeError: text with surrogates (_text)
         return None
     return (spec.node, spec.ipNetworks) if spec.node else None
 
@@ -395,6 +399,8 @@ class Collected:
             return msgspec.json.decode(item.value or "")
         except msgspec.DecodeError as error:
             self.problem("malformed_value", item.key, f"not valid JSON: {error}")
+        except RecursionError:  # Go's decoder reads 10,000 levels; Python's stop near 1,000
+            self.problem("malformed_value", item.key, "not valid JSON: nested deeper than calico-gc reads")
         except UnicodeEncodeError:
             self.problem("malformed_value", item.key, "not valid JSON: bytes that are not UTF-8")
         return None
@@ -437,7 +443,7 @@ def collect_key(collected: Collected, item: StoredItem) -> None:
             guid if isinstance(guid, str) else None, ready if isinstance(ready, bool) else None
         )
     elif key.startswith(IP_POOLS):
-        collect_pool(collected, item, _dig(_dig(collected.json(item), "spec"), "cidr"))
+        collect_pool(collected, item, "spec", "cidr")
     elif key.startswith(BLOCKS):
         _collect_block(collected, item)
     elif key.startswith(AFFINITIES):
@@ -553,8 +559,13 @@ def _endpoint_of_any_shape(
     return node, [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
 
 
-def collect_pool(collected: Collected, item: StoredItem, cidr: Any) -> None:
-    """An IP pool's CIDR, for the IPAM check's utilisation (etcd v3 `spec.cidr`, v2 `cidr`)."""
+def collect_pool(collected: Collected, item: StoredItem, *path: str) -> None:
+    """An IP pool's CIDR at `path`, for the IPAM check's utilisation (etcd v3 `spec.cidr`, v2
+    `cidr`). A value that is no JSON was said as such already."""
+    value = collected.json(item)
+    if value is None:
+        return
+    cidr = _dig(value, *path)
     try:
         collected.pools.append(str(ipaddress.ip_network(str(cidr), strict=False)))
     except ValueError:
@@ -609,7 +620,11 @@ def _counts_what_is_held(held: Held, handle_id: str, value: str | None) -> bool:
         return False
     try:
         handle = _HANDLE_VALUE.decode(value)
-    except (msgspec.DecodeError, UnicodeEncodeError):  # UnicodeEncodeError: bytes that are not UTF-8 (_text)
+    except (
+        msgspec.DecodeError,
+        UnicodeEncodeError,
+        RecursionError,
+    ):  # UnicodeEncodeError: bytes that are not UTF-8 (_text)
         return False  # another shape: kept, for the planner to say what is wrong with it
     return not handle.deleted and held.holds_exactly(handle_id, handle.block)
 
