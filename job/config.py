@@ -425,8 +425,8 @@ OPTIONS: tuple[Option, ...] = (
         "--events",
         "CALICO_GC_EVENTS",
         "on",
-        "Post Kubernetes Events: a Warning on each Node stuck NetworkUnavailable (cause and next step), and "
-        "one per host deleted, failed or refused.",
+        "Post Kubernetes Events: a Warning on each Node stuck NetworkUnavailable (cause and next step; the 50 "
+        "stuck longest, and past those one on the run's Pod), and one per host deleted, failed or refused.",
         choices=("on", "off"),
     ),
     Option(

@@ -1,5 +1,6 @@
 """Kubernetes Events, where `kubectl describe` users look: a Warning on each Node stuck
-NetworkUnavailable with its diagnosed cause and next step; on the blocked Node when the orphan
+NetworkUnavailable (the MAX_NODE_EVENTS stuck longest, and past those one on this run's Pod)
+with its diagnosed cause and next step; on the blocked Node when the orphan
 holding its IP is removed; and on this run's Pod for each host deleted, failed or refused.
 
 `events_for` is pure (built from the finished report); `post_events` writes them through
@@ -15,6 +16,10 @@ from job.adapters.kube import Kube, KubeError
 
 COMPONENT = "calico-gc"
 MAX_MESSAGE = 1024  # the API server truncates longer Event messages anyway
+# Stuck Nodes given an Event a run, the longest stuck first: when calico-node fails everywhere
+# (a fail-closed webhook), an Event on each of 5,000 Nodes every run is 5,000 writes to the API
+# server and 30,000 Events an hour in etcd, and says nothing one more than the report does.
+MAX_NODE_EVENTS = 50
 
 
 def events_for(report: dict[str, Any], namespace: str, pod: str | None, now: datetime) -> list[dict[str, Any]]:
@@ -48,17 +53,28 @@ def events_for(report: dict[str, Any], namespace: str, pod: str | None, now: dat
     health = report.get("health") or {}
     causes = {entry["node"]: entry.get("cause") for entry in health.get("calico_node") or [] if entry.get("node")}
     advice = health.get("recommendations") or []
-    for stuck in health.get("network_unavailable") or []:
-        if stuck.get("state") == "stuck":
-            node = stuck["node"]
-            message = f"NetworkUnavailable for {stuck.get('duration_seconds', 0) // 60}m; calico-node cause: "
-            message += causes.get(node) or "not diagnosed"
-            steps = [text for text in advice if text.startswith(f"{node}:")]
-            if steps:
-                message += f"; next: {steps[0]}"
-            add(("Node", node), "CalicoNetworkUnavailable", message, True)
-    conflicts = {c["orphan"]: c for c in report.get("conflicts") or [] if c.get("orphan")}
     run = f"run {report['run_id']} ({report['mode']})"
+    stuck = [entry for entry in health.get("network_unavailable") or [] if entry.get("state") == "stuck"]
+    # Since when is unknown for a taint without timeAdded (`kubectl taint`, a kubelet's
+    # --register-with-taints; the node controller's taints have one) and no condition: such a Node
+    # counts as stuck longest. Its None in `// 60` ended every such run in a TypeError.
+    stuck.sort(key=lambda entry: (entry.get("duration_seconds") is not None, -(entry.get("duration_seconds") or 0)))
+    for entry in stuck[:MAX_NODE_EVENTS]:
+        node, seconds = entry["node"], entry.get("duration_seconds")
+        since = "an unknown time" if seconds is None else f"{seconds // 60}m"
+        message = f"NetworkUnavailable for {since}; calico-node cause: "
+        message += causes.get(node) or "not diagnosed"
+        steps = [text for text in advice if text.startswith(f"{node}:")]
+        if steps:
+            message += f"; next: {steps[0]}"
+        add(("Node", node), "CalicoNetworkUnavailable", message, True)
+    if len(stuck) > MAX_NODE_EVENTS and pod:
+        message = (
+            f"{len(stuck)} Nodes stuck NetworkUnavailable; Events on the {MAX_NODE_EVENTS} stuck longest, "
+            f"every one in the report's health.network_unavailable; {run}"
+        )
+        add(("Pod", pod), "CalicoNetworkUnavailableNodes", message, True)
+    conflicts = {c["orphan"]: c for c in report.get("conflicts") or [] if c.get("orphan")}
     for host in report.get("hosts") or []:
         name = host["name"]
         if host["action"] == "deleted":

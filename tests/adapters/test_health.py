@@ -465,6 +465,34 @@ def test_events_say_what_was_done_where_kubectl_describe_looks(harness: Harness)
     assert any(s.POD_ORPHAN in e["message"] and "16 keys" in e["message"] for e in on_pod)
 
 
+def test_stuck_nodes_get_events_the_longest_stuck_first_and_at_most_fifty(harness: Harness) -> None:
+    """When calico-node fails everywhere, an Event on every stuck Node every run is one write per
+    Node: the 50 stuck longest get one, and the run's Pod one saying how many there are. A taint
+    without timeAdded (`kubectl taint`) and no condition is stuck for an unknown time, counted
+    longest: its Event ended the run in a TypeError."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    node = harness.kubeapi.get("/api/v1/nodes", s.NEW_NODE)
+    assert node is not None
+    node["spec"]["taints"] = [{"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}]
+    for index in range(60):
+        name = f"worker-{index:02d}"
+        harness.kubeapi.add_node(name, f"10.1.0.{index + 10}")
+        network_unavailable(harness.kubeapi, name, f"2026-11-30T10:{index:02d}:00Z")
+    report, code = harness.run(harness.config())
+    # 60 Nodes without a Calico host: the run is refused as a foreign datastore, its Events posted all the same.
+    assert (code, [g["name"] for g in report["guards"]], report["errors"]) == (3, ["foreign_datastore"], [])
+    on_nodes = [e for e in events(harness, "default") if e["reason"] == "CalicoNetworkUnavailable"]
+    named = sorted(e["involvedObject"]["name"] for e in on_nodes)
+    assert named == sorted([s.NEW_NODE] + [f"worker-{index:02d}" for index in range(49)])
+    (unknown,) = [e for e in on_nodes if e["involvedObject"]["name"] == s.NEW_NODE]
+    assert unknown["message"].startswith("NetworkUnavailable for an unknown time; calico-node cause: ")
+    (many,) = [e for e in events(harness, "calico-gc") if e["reason"] == "CalicoNetworkUnavailableNodes"]
+    assert many["message"].startswith("61 Nodes stuck NetworkUnavailable; Events on the 50 stuck longest")
+    assert len(report["health"]["network_unavailable"]) == 61
+
+
 def test_a_refused_run_says_why_on_its_pod_and_events_can_be_switched_off(harness: Harness) -> None:
     scenario = s.kops_cluster()
     scenario.k8s_nodes = []
