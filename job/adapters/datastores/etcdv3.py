@@ -307,11 +307,8 @@ def endpoint_spec(value: str | bytes) -> tuple[str, list[str]] | None:
     for a value of another shape, which the caller parses whole to say what is wrong with it."""
     try:
         spec = _ENDPOINT.decode(value).spec
-    except (
-        msgspec.DecodeError,
-        UnicodeEncodeError,
-        RecursionError,
-    ):  # UnicodeEncodeError: text with surrogates (_text)
+    # UnicodeEncodeError: text with surrogates (_text); RecursionError: nested past Python's limit
+    except (msgspec.DecodeError, UnicodeEncodeError, RecursionError):
         return None
     return (spec.node, spec.ipNetworks) if spec.node else None
 
@@ -620,11 +617,8 @@ def _counts_what_is_held(held: Held, handle_id: str, value: str | None) -> bool:
         return False
     try:
         handle = _HANDLE_VALUE.decode(value)
-    except (
-        msgspec.DecodeError,
-        UnicodeEncodeError,
-        RecursionError,
-    ):  # UnicodeEncodeError: bytes that are not UTF-8 (_text)
+    # UnicodeEncodeError: bytes that are not UTF-8 (_text); RecursionError: nested past Python's limit
+    except (msgspec.DecodeError, UnicodeEncodeError, RecursionError):
         return False  # another shape: kept, for the planner to say what is wrong with it
     return not handle.deleted and held.holds_exactly(handle_id, handle.block)
 
