@@ -375,7 +375,7 @@ def test_logs_not_read_within_the_budget_leave_their_cause_unknown(harness: Harn
     (entry,) = report["health"]["calico_node"]
     assert code == 0 and entry["crash_looping"] and entry["cause"] == "unknown" and asked == (1 if budget else 0)
     assert entry["evidence"] == [
-        f"previous log not readable: not read: --log-read-budget ({budget.seconds}s) ran out, 0 of 1 read"
+        f"previous log not readable: not read: --log-read-budget ({budget.total_seconds():g}s) ran out, 0 of 1 read"
     ]
 
 

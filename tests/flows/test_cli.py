@@ -19,7 +19,7 @@ from job.adapters.datastores import etcdv3
 from job.adapters.datastores.base import Datastore
 from job.adapters.kube import KubeError, api_client
 from job.cli import main
-from job.config import OPTIONS, Config, ConfigError, load, parse_duration
+from job.config import OPTIONS, Config, ConfigError, format_duration, load, parse_duration
 from job.flows import run as runner
 from tests.conftest import Harness, validate_report
 from tests.support import scenario as s
@@ -389,10 +389,13 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         ("0", timedelta(0)),
         ("1.5h", timedelta(minutes=90)),
         ("365d", timedelta(days=365)),
+        ("500ms", timedelta(milliseconds=500)),
+        ("1.25s", timedelta(seconds=1.25)),
     ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
+    assert parse_duration(format_duration(expected)) == expected, "said as it is read back (500ms was 0s)"
 
 
 # Past 365d: 366d, a timedelta's overflow (an OverflowError before the limit), float() of 400
