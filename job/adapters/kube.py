@@ -41,6 +41,10 @@ RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
 REQUEST_TIMEOUT_S = 30
+# Connections kept to the API server: the client's default is 5 a CPU of the machine (5 on one
+# core), and a run may hold 8 previous-log reads (adapters/health.LOG_READERS), its Lease renewal
+# and the lists at once; past the pool each request opens and drops a connection, with a warning.
+POOL_CONNECTIONS = 16
 # Host-network pods hold their node's IP, never a Calico one: the leak check does not list them.
 POD_NETWORK_PODS = "spec.hostNetwork=false"
 JSON = "application/json, */*"
@@ -366,15 +370,16 @@ def api_client(config: Config) -> k8s.ApiClient:
         default = Path.home() / ".kube" / "config"
         paths = (default,) if default.is_file() else ()
     if not paths:
+        configuration = k8s.Configuration()
         try:
-            k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except ConfigException as error:
             raise KubeError(
                 f"no Kubernetes configuration: not in a pod ({error}) and no kubeconfig; set --kubeconfig or "
                 "KUBECONFIG",
                 kind="config",
             ) from error
-        return k8s.ApiClient()
+        return _pooled(configuration)
     configuration = k8s.Configuration()
     named = os.pathsep.join(map(str, paths))  # as KUBECONFIG lists them: the client merges them
     try:
@@ -384,6 +389,11 @@ def api_client(config: Config) -> k8s.ApiClient:
         raise KubeError(
             f"kubeconfig {named} is not usable: {first}; check --kubeconfig or KUBECONFIG", kind="config"
         ) from error
+    return _pooled(configuration)
+
+
+def _pooled(configuration: k8s.Configuration) -> k8s.ApiClient:
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, POOL_CONNECTIONS)
     return k8s.ApiClient(configuration)
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from job.adapters.datastores import etcdv3
 from job.adapters.datastores.base import Datastore
-from job.adapters.kube import KubeError, api_client
+from job.adapters.health import LOG_READERS
+from job.adapters.kube import POOL_CONNECTIONS, KubeError, api_client
 from job.cli import main
 from job.config import OPTIONS, Config, ConfigError, format_duration, load, parse_duration
 from job.flows import run as runner
@@ -527,6 +528,30 @@ def test_outside_a_cluster_the_default_kubeconfig_is_used_as_kubectl_does(
     (tmp_path / ".kube" / "config").unlink()
     with pytest.raises(KubeError, match="set --kubeconfig or KUBECONFIG"):
         api_client(Config())
+
+
+def test_in_a_pod_the_service_account_is_used_and_the_pool_holds_the_runs_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod: the Service's address and the mounted token and CA, with the token re-read as it
+    rotates, as the client loads them. On a node of one core the client's pool is 5 connections,
+    fewer than the 8 previous logs a run reads at once (each past the pool opened and dropped a
+    connection, with a warning): it holds POOL_CONNECTIONS, in a pod or with a kubeconfig."""
+    from kubernetes.config import incluster_config
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setattr("multiprocessing.cpu_count", lambda: 1)
+    client = api_client(Config())
+    assert client.configuration.host == "https://10.96.0.1:443"
+    assert client.configuration.api_key["BearerToken"].endswith(" sa-token")
+    assert client.configuration.refresh_api_key_hook is not None
+    assert client.rest_client.pool_manager.connection_pool_kw["maxsize"] == POOL_CONNECTIONS > LOG_READERS
 
 
 @pytest.mark.parametrize("text", ["{not json", "[" * 100_000 + "]" * 100_000])
