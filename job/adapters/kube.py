@@ -631,6 +631,7 @@ class Kube:
                 while True:
                     query_now = {**(query or {}), "limit": self._page_size, "continue": token}
                     raw = self.request_bytes("GET", path, query_now, accept=accept)
+                    sent = token
                     try:
                         listed, token = page(raw)
                     except UnreadableItem as error:
@@ -645,6 +646,12 @@ class Kube:
                             f"({one_line(str(error), 80)}); is it the API server, or a proxy in between?",
                             kind="bad_answer",
                         ) from None
+                    if token is not None and token == sent:  # a server's token names the page after it
+                        raise KubeError(
+                            f"GET {path}: {self.host} answered the continue token it was sent, so the list would "
+                            "never end; is a proxy in between answering from its cache, whatever the query?",
+                            kind="bad_answer",
+                        )
                     items.extend(kept for kept in map(parse, listed) if kept is not None)
                     if token is None:
                         return items

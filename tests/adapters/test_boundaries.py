@@ -147,6 +147,23 @@ def test_an_unreachable_kubernetes_api_is_unavailable_not_unexpected(
     assert "Connection refused" in error["message"] and "KUBECONFIG" in error["message"]
 
 
+def test_a_list_answering_the_continue_token_it_was_sent_is_a_bad_answer_not_a_loop(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A proxy that answers from its cache whatever the query gives the same page, with the same
+    continue token, forever: the job listed it until its deadline, holding every copy. A real
+    server's token names the page after it, so the one it was sent, answered again, stops the
+    list as a bad answer (exit 2)."""
+    harness.seed(s.kops_cluster())
+    same = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"continue": "same"}, "items": []}
+    harness.kubeapi.fail("GET", "^/api/v1/nodes$", 200, times=10**6, body=same)
+    code, report = run_main(harness, capsys)
+    error = only_error(report)
+    assert (code, error["kind"]) == (2, "bad_answer")
+    assert "answered the continue token it was sent" in error["message"]
+    assert harness.kubeapi.count("GET", "^/api/v1/nodes$") == 2
+
+
 def test_an_etcd_endpoint_answering_html_is_named(
     harness: Harness, html_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
