@@ -225,6 +225,39 @@ def test_an_etcd_v2_answer_with_a_field_of_another_type_is_a_bad_answer_in_one_l
         assert "$.node.nodes[0]" in error["message"] and "not etcd's JSON API" in error["message"]
 
 
+@pytest.fixture
+def one_page_etcd() -> Iterator[str]:
+    """A gRPC server answering every call with one well-formed RangeResponse (a key, more to
+    come), whatever it is asked: a cache or a broken proxy in front of etcd."""
+    from etcd3.etcdrpc import rpc_pb2
+
+    page = rpc_pb2.RangeResponse(more=True, count=2)
+    page.header.revision = 5
+    page.kvs.add(key=b"/a", value=b"{}", mod_revision=5)
+    answer = page.SerializeToString()
+
+    class OnePage(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=[OnePage()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+def test_an_etcd_answering_one_page_whatever_it_is_asked_is_a_bad_answer_not_a_loop(
+    harness: Harness, one_page_etcd: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keys before the start asked for: the next page would have started where this one did,
+    forever (the read never ended). Said at the first range, exit 2."""
+    code, report = run_main(harness, capsys, ETCD_ENDPOINTS=one_page_etcd)
+    error = only_error(report)
+    assert (code, error["kind"]) == (2, "bad_answer")
+    assert "with keys outside it: not etcd?" in error["message"] and "ETCD_ENDPOINTS" in error["message"]
+
+
 def test_an_etcd_hanging_up_at_once_is_tried_again_at_the_next_endpoint(
     harness: Harness, hangup_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

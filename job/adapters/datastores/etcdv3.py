@@ -789,6 +789,15 @@ class EtcdV3Datastore:
                 "etcd answered a range without a revision: not etcd? check ETCD_ENDPOINTS (--etcd-endpoints)",
                 "bad_answer",
             )
+        kvs = answer.kvs
+        # Keys before the start (or past the end) asked for: the next page would start where this
+        # one did, again and again (a server answering one page whatever it is asked).
+        if kvs and (kvs[0].key < key or (kvs[-1].key >= end if end else kvs[-1].key != key)):
+            raise DatastoreError(
+                f"etcd answered a range from {key!r} with keys outside it: not etcd? check ETCD_ENDPOINTS "
+                "(--etcd-endpoints)",
+                "bad_answer",
+            )
         return answer, size
 
     def scan(
