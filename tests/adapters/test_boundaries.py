@@ -84,12 +84,17 @@ def hangup_server() -> Iterator[str]:
 @pytest.fixture
 def odd_etcd() -> Iterator[str]:
     """A gRPC server that answers every call with bytes that are no etcd message."""
+    yield from grpc_answering(b"\x0a\xff\xff\xff")
 
-    class Odd(grpc.GenericRpcHandler):
+
+def grpc_answering(answer: bytes) -> Iterator[str]:
+    """A loopback gRPC server answering every call with `answer`, whatever it is asked; yields its URL."""
+
+    class Fixed(grpc.GenericRpcHandler):
         def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(lambda request, context: b"\x0a\xff\xff\xff")
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
 
-    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=[Odd()])
+    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=[Fixed()])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield f"http://127.0.0.1:{port}"
@@ -234,17 +239,7 @@ def one_page_etcd() -> Iterator[str]:
     page = rpc_pb2.RangeResponse(more=True, count=2)
     page.header.revision = 5
     page.kvs.add(key=b"/a", value=b"{}", mod_revision=5)
-    answer = page.SerializeToString()
-
-    class OnePage(grpc.GenericRpcHandler):
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
-
-    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=[OnePage()])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop(grace=None)
+    yield from grpc_answering(page.SerializeToString())
 
 
 def test_an_etcd_answering_one_page_whatever_it_is_asked_is_a_bad_answer_not_a_loop(
