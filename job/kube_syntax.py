@@ -182,10 +182,13 @@ def is_dns_label(text: str) -> bool:
 
 
 def whole_number(text: str) -> int | None:
-    """`text` as the server reads a number for `gt` and `lt` (Go's ParseInt: base 10, 64 bits)."""
-    if _INTEGER.fullmatch(text) is None or not -(1 << 63) <= int(text) < 1 << 63:
+    """`text` as Go's ParseInt reads it (base 10, 64 bits): a selector's `gt` and `lt`, a query's
+    typed parameter. Leading zeros go before int(), which refuses more than 4,300 digits."""
+    digits = text.lstrip("+-").lstrip("0")
+    if _INTEGER.fullmatch(text) is None or len(digits) > 19:
         return None
-    return int(text)
+    number = -int(digits or "0") if text.startswith("-") else int(digits or "0")
+    return number if -(1 << 63) <= number < 1 << 63 else None
 
 
 def _check_key(key: str) -> None:

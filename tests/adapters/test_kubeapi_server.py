@@ -1267,6 +1267,7 @@ def test_the_server_counts_the_bytes_it_encodes_per_format_and_resource(kubeapi:
         ("2", 200, "two\nthree\n"),
         ("0", 200, ""),
         ("+7", 200, "one\ntwo\nthree\n"),
+        ("0" * 5000 + "2", 200, "two\nthree\n"),  # ParseInt reads any number of leading zeros
         (
             "-1",
             422,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from job.config import ConfigError, load
-from job.kube_syntax import Requirement, SelectorError, is_dns_label, is_dns_subdomain, parse_selector
+from job.kube_syntax import Requirement, SelectorError, is_dns_label, is_dns_subdomain, parse_selector, whole_number
 
 TAKEN = [
     "",
@@ -102,3 +102,15 @@ def test_a_name_the_server_would_refuse_stops_the_run_at_start(flag: str, value:
     assert load([flag, "a" * 249 if flag == "--report-configmaps" else "calico-gc"], {}), "the longest name taken"
     with pytest.raises(ConfigError, match=f"^{flag}.*{said}"):
         load([flag, value], {})
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("7", 7), ("+7", 7), ("-7", -7), ("007", 7), (str(2**63 - 1), 2**63 - 1), (str(-(2**63)), -(2**63)),
+        (str(2**63), None), ("0" * 5000 + "1", 1), ("9" * 5000, None), ("\u0663", None), ("1_0", None), (" 7", None),
+    ],
+)  # fmt: skip
+def test_a_whole_number_is_read_as_gos_parseint_reads_it(text: str, number: int | None) -> None:
+    """Base 10, 64 bits, ASCII digits with a sign; 5,000 digits were int()'s ValueError."""
+    assert whole_number(text) == number
