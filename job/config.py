@@ -57,10 +57,11 @@ def parse_duration(text: str) -> timedelta:
 
 
 def format_duration(value: timedelta) -> str:
-    """As parse_duration reads it back; a part of a second too (`500ms` is `0.5s`, not `0s`)."""
-    if value.total_seconds() != int(value.total_seconds()):
-        return f"{value.total_seconds():g}s"
-    seconds = int(value.total_seconds())
+    """As parse_duration reads it back; a part of a second too (`500ms` is `0.5s`, not `0s`), to
+    the microsecond a timedelta holds."""
+    seconds = value.days * 86400 + value.seconds
+    if value.microseconds:
+        return f"{seconds}.{value.microseconds:06d}".rstrip("0") + "s"
     if seconds and seconds % 3600 == 0:
         return f"{seconds // 3600}h"
     if seconds and seconds % 60 == 0:

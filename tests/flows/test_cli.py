@@ -392,6 +392,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         ("365d", timedelta(days=365)),
         ("500ms", timedelta(milliseconds=500)),
         ("1.25s", timedelta(seconds=1.25)),
+        ("1.000001s", timedelta(seconds=1, microseconds=1)),  # `:g` said 1s
+        ("0.000001s", timedelta(microseconds=1)),  # `:g` said 1e-06s, which no duration is
     ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
