@@ -73,39 +73,36 @@ def _with_previous_logs(kube: Kube, pods: Sequence[CalicoNodePod], config: Confi
     time, 5,000 of them could outlast the Job's deadline, and the plan waits for them. A log not
     read in time leaves its pod's cause unknown; a read still running then is abandoned (daemon
     threads, as the run abandons a read that hangs)."""
-    looping = queue.SimpleQueue[int]()
-    for index, pod in enumerate(pods):
-        if is_crash_looping(pod, config.restart_threshold):
-            looping.put(index)
-    wanted, read = looping.qsize(), dict[int, CalicoNodePod]()
+    looping = [index for index, pod in enumerate(pods) if is_crash_looping(pod, config.restart_threshold)]
+    todo = queue.SimpleQueue[int]()
+    for index in looping:
+        todo.put(index)
+    read: dict[int, CalicoNodePod] = {}
     budget = config.log_read_budget.total_seconds()
     deadline, all_read, lock = time.monotonic() + budget, threading.Event(), threading.Lock()
 
     def reader() -> None:
         while time.monotonic() < deadline:
             try:
-                index = looping.get_nowait()
+                index = todo.get_nowait()
             except queue.Empty:
                 return
             pod = _with_previous_log(kube, pods[index], config)
             with lock:
                 read[index] = pod
-                if len(read) == wanted:
+                if len(read) == len(looping):
                     all_read.set()
 
-    if wanted and budget > 0:
-        for _ in range(min(LOG_READERS, wanted)):
+    if looping and budget > 0:
+        for _ in range(min(LOG_READERS, len(looping))):
             threading.Thread(target=reader, daemon=True).start()
         all_read.wait(budget)
     with lock:
         done = dict(read)
-    why = (
-        f"not read: --log-read-budget ({format_duration(config.log_read_budget)}) ran out, {len(done)} of {wanted} read"
-    )
-    return tuple(
-        done.get(index) or (replace(pod, log_error=why) if is_crash_looping(pod, config.restart_threshold) else pod)
-        for index, pod in enumerate(pods)
-    )
+    budget_text = format_duration(config.log_read_budget)
+    why = f"not read: --log-read-budget ({budget_text}) ran out, {len(done)} of {len(looping)} read"
+    done |= {index: replace(pods[index], log_error=why) for index in looping if index not in done}
+    return tuple(done.get(index, pod) for index, pod in enumerate(pods))
 
 
 def _with_previous_log(kube: Kube, pod: CalicoNodePod, config: Config) -> CalicoNodePod:
