@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from job.adapters.kube import Kube, KubeError
+from job.core.health import unavailable_seconds
 
 COMPONENT = "calico-gc"
 MAX_MESSAGE = 1024  # the API server truncates longer Event messages anyway
@@ -56,12 +57,14 @@ def events_for(report: dict[str, Any], namespace: str, pod: str | None, now: dat
     run = f"run {report['run_id']} ({report['mode']})"
     stuck = [entry for entry in health.get("network_unavailable") or [] if entry.get("state") == "stuck"]
     # Since when is unknown for a taint without timeAdded (`kubectl taint`, a kubelet's
-    # --register-with-taints; the node controller's taints have one) and no condition: such a Node
-    # counts as stuck longest. Its None in `// 60` ended every such run in a TypeError.
-    stuck.sort(key=lambda entry: (entry.get("duration_seconds") is not None, -(entry.get("duration_seconds") or 0)))
+    # --register-with-taints; the node controller's taints have one) and no condition: the Node's
+    # age bounds it, and a Node of no known age counts as stuck longest.
+    stuck.sort(key=lambda entry: (unavailable_seconds(entry) is not None, -(unavailable_seconds(entry) or 0)))
     for entry in stuck[:MAX_NODE_EVENTS]:
-        node, seconds = entry["node"], entry.get("duration_seconds")
+        node, seconds = entry["node"], unavailable_seconds(entry)
         since = "an unknown time" if seconds is None else f"{seconds // 60}m"
+        if seconds is not None and entry.get("duration_seconds") is None:
+            since = f"at most {since} (the Node's age; nothing says since when)"
         message = f"NetworkUnavailable for {since}; calico-node cause: "
         message += causes.get(node) or "not diagnosed"
         steps = [text for text in advice if text.startswith(f"{node}:")]

@@ -131,10 +131,15 @@ class _VirtualMachine(msgspec.Struct, frozen=True):
     metadata: _VmMeta = _VmMeta()
 
 
+class _NodeMeta(msgspec.Struct, frozen=True):
+    name: str = ""
+    creationTimestamp: str | None = None  # the API's names
+
+
 class _Node(msgspec.Struct, frozen=True):
     """What the job uses of a Node; its status (images, volumes) and managedFields are skipped."""
 
-    metadata: _Named = _Named()
+    metadata: _NodeMeta = _NodeMeta()
     spec: _NodeSpec = _NodeSpec()
     status: _NodeStatus = _NodeStatus()
 
@@ -319,7 +324,7 @@ def _node_of_protobuf(node: Any) -> KubeNode:
     addresses = [_Address(address.type, address.address) for address in status.addresses]
     return _kube_node(
         _Node(
-            _Named(node.metadata.name, node.metadata.namespace),
+            _NodeMeta(node.metadata.name, when(node.metadata, "creationTimestamp")),
             _NodeSpec(taints or None),
             _NodeStatus(addresses or None, conditions or None),
         )
@@ -818,6 +823,7 @@ def _kube_node(node: _Node) -> KubeNode:
             message=condition.message if condition else None,
             condition=condition is not None,
             taint_added=taint.timeAdded if taint else None,
+            node_created=node.metadata.creationTimestamp,
         )
     return KubeNode(node.metadata.name, internal, unavailable)
 

@@ -49,7 +49,8 @@ SCHEMA: dict[str, tuple[tuple[str, int, str], ...]] = {
     "PodStatus": (("podIP", 6, "string"), ("podIPs", 12, "PodIP*")),
     "PodIP": (("ip", 1, "string"),),
     "NodeList": (("metadata", 1, "ListMeta"), ("items", 2, "Node*")),
-    "Node": (("metadata", 1, "ObjectMeta"), ("spec", 2, "NodeSpec"), ("status", 3, "NodeStatus")),
+    "Node": (("metadata", 1, "NodeMeta"), ("spec", 2, "NodeSpec"), ("status", 3, "NodeStatus")),
+    "NodeMeta": (("name", 1, "string"), ("creationTimestamp", 8, "Time")),  # not decoded for 100,000 pods
     "NodeSpec": (("taints", 5, "Taint*"),),
     "Taint": (("key", 1, "string"), ("timeAdded", 4, "Time")),
     "NodeStatus": (("conditions", 4, "NodeCondition*"), ("addresses", 5, "NodeAddress*")),

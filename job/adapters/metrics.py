@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from job.core.health import unavailable_seconds
 from job.core.model import parse_time
 from job.core.report import MAX_WARNINGS
 
@@ -122,15 +123,15 @@ def nodes_registry_for(report: dict[str, Any]) -> CollectorRegistry:
     causes = {f["node"]: f.get("cause") or "unknown" for f in health.get("calico_node") or [] if f.get("node")}
     unavailable = Gauge(
         "calico_gc_node_network_unavailable_seconds",
-        "How long a Node has been NetworkUnavailable (condition or taint), and the diagnosed cause",
+        "How long a Node has been NetworkUnavailable (condition or taint; the Node's age where nothing "
+        "says since when), and the diagnosed cause",
         ["node", "cause"],
         registry=registry,
     )
     for node in health.get("network_unavailable") or []:
-        if node.get("duration_seconds") is not None:
-            unavailable.labels(node=node["node"], cause=causes.get(node["node"], "unknown")).set(
-                node["duration_seconds"]
-            )
+        seconds = unavailable_seconds(node)
+        if seconds is not None:
+            unavailable.labels(node=node["node"], cause=causes.get(node["node"], "unknown")).set(seconds)
     # No cause label here: a cause found later would start a new series, and the rules take the
     # increase of this one (the cause is on the NetworkUnavailable series and in the report).
     restarts = Gauge(

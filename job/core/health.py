@@ -93,13 +93,20 @@ def network_unavailable(nodes: Iterable[KubeNode], now: datetime, threshold_s: f
             continue
         since = parse_time(info.since)
         seconds = (now - since).total_seconds() if since else None
-        stuck = seconds is None or seconds >= threshold_s
+        # Where nothing says since when (a taint without timeAdded, no condition), the Node's age
+        # bounds it: a kubelet registering with the taint makes a new Node tainted at once.
+        created = parse_time(info.node_created) if since is None else None
+        at_most = max((now - created).total_seconds(), 0.0) if created else None
+        known = seconds if seconds is not None else at_most
+        stuck = known is None or known >= threshold_s
         findings.append(
             {
                 "node": node.name,
                 "since": info.since,
                 "state": "stuck" if stuck else "transient",
                 "duration_seconds": int(seconds) if seconds is not None else None,
+                "duration_at_most_seconds": int(at_most) if at_most is not None else None,
+                "node_created": info.node_created,
                 "condition": info.condition,
                 "reason": info.reason,
                 "message": info.message,
@@ -107,6 +114,13 @@ def network_unavailable(nodes: Iterable[KubeNode], now: datetime, threshold_s: f
             }
         )
     return findings
+
+
+def unavailable_seconds(finding: Mapping[str, Any]) -> int | None:
+    """How long a `network_unavailable` finding has lasted: exactly, or at most its Node's age
+    where nothing says since when; None where not even the age is known."""
+    exact = finding.get("duration_seconds")
+    return exact if exact is not None else finding.get("duration_at_most_seconds")
 
 
 def _cause(

@@ -208,6 +208,8 @@ class NetworkUnavailable:
     message: str | None = None
     condition: bool = False
     taint_added: str | None = None
+    # Bounds how long where `since` is unknown: a taint is no older than its Node
+    node_created: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

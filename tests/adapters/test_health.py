@@ -121,6 +121,32 @@ def test_network_unavailable_nodes_are_transient_or_stuck(harness: Harness) -> N
     assert any("stuck NetworkUnavailable" in r for r in health["recommendations"])
 
 
+def test_a_taint_that_says_no_time_is_bounded_by_its_nodes_age(harness: Harness) -> None:
+    """A taint without timeAdded (a kubelet's --register-with-taints, `kubectl taint`) and no
+    condition: a Node registered 2 minutes ago is not stuck, one created 3 hours ago is stuck for
+    at most 3 hours, and that bound is its series' value, so that the alert can fire."""
+    from job.adapters.metrics import nodes_registry_for
+
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    for name, created in ((s.LIVE[0], "2026-11-30T11:58:00Z"), (s.LIVE[1], "2026-11-30T09:00:00Z")):
+        node = harness.kubeapi.get("/api/v1/nodes", name)
+        assert node is not None
+        node["metadata"]["creationTimestamp"] = created
+        node["spec"]["taints"] = [{"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}]
+    report = harness.run()[0]
+    found = {n["node"]: (n["state"], n["duration_at_most_seconds"]) for n in report["health"]["network_unavailable"]}
+    assert found == {s.LIVE[0]: ("transient", 120), s.LIVE[1]: ("stuck", 10800)}
+    series = {
+        sample.labels["node"]: sample.value
+        for metric in nodes_registry_for(report).collect()
+        if metric.name == "calico_gc_node_network_unavailable_seconds"
+        for sample in metric.samples
+    }
+    assert series == {s.LIVE[0]: 120, s.LIVE[1]: 10800}
+
+
 def test_only_transient_unavailability_is_degraded_not_critical(harness: Harness) -> None:
     scenario = s.kops_cluster()
     harness.seed(scenario)
@@ -468,14 +494,17 @@ def test_events_say_what_was_done_where_kubectl_describe_looks(harness: Harness)
 def test_stuck_nodes_get_events_the_longest_stuck_first_and_at_most_fifty(harness: Harness) -> None:
     """When calico-node fails everywhere, an Event on every stuck Node every run is one write per
     Node: the 50 stuck longest get one, and the run's Pod one saying how many there are. A taint
-    without timeAdded (`kubectl taint`) and no condition is stuck for an unknown time, counted
-    longest: its Event ended the run in a TypeError."""
+    without timeAdded (`kubectl taint`) and no condition is stuck for at most its Node's age, and
+    counted so (its Event ended the run in a TypeError); one whose Node's age is unknown too
+    counts as stuck longest."""
     scenario = s.kops_cluster()
     harness.seed(scenario)
     healthy_pods(harness, scenario)
-    node = harness.kubeapi.get("/api/v1/nodes", s.NEW_NODE)
-    assert node is not None
-    node["spec"]["taints"] = [{"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}]
+    for name, created in ((s.NEW_NODE, "2026-11-30T09:00:00Z"), (s.LIVE[0], None)):
+        node = harness.kubeapi.get("/api/v1/nodes", name)
+        assert node is not None
+        node["metadata"]["creationTimestamp"] = created  # None: Go's zero time, as JSON writes it
+        node["spec"]["taints"] = [{"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}]
     for index in range(60):
         name = f"worker-{index:02d}"
         harness.kubeapi.add_node(name, f"10.1.0.{index + 10}")
@@ -485,12 +514,13 @@ def test_stuck_nodes_get_events_the_longest_stuck_first_and_at_most_fifty(harnes
     assert (code, [g["name"] for g in report["guards"]], report["errors"]) == (3, ["foreign_datastore"], [])
     on_nodes = [e for e in events(harness, "default") if e["reason"] == "CalicoNetworkUnavailable"]
     named = sorted(e["involvedObject"]["name"] for e in on_nodes)
-    assert named == sorted([s.NEW_NODE] + [f"worker-{index:02d}" for index in range(49)])
-    (unknown,) = [e for e in on_nodes if e["involvedObject"]["name"] == s.NEW_NODE]
-    assert unknown["message"].startswith("NetworkUnavailable for an unknown time; calico-node cause: ")
+    assert named == sorted([s.LIVE[0], s.NEW_NODE] + [f"worker-{index:02d}" for index in range(48)])
+    messages = {e["involvedObject"]["name"]: e["message"] for e in on_nodes}
+    assert messages[s.LIVE[0]].startswith("NetworkUnavailable for an unknown time; calico-node cause: ")
+    assert messages[s.NEW_NODE].startswith("NetworkUnavailable for at most 180m (the Node's age; nothing says since")
     (many,) = [e for e in events(harness, "calico-gc") if e["reason"] == "CalicoNetworkUnavailableNodes"]
-    assert many["message"].startswith("61 Nodes stuck NetworkUnavailable; Events on the 50 stuck longest")
-    assert len(report["health"]["network_unavailable"]) == 61
+    assert many["message"].startswith("62 Nodes stuck NetworkUnavailable; Events on the 50 stuck longest")
+    assert len(report["health"]["network_unavailable"]) == 62
 
 
 def test_a_refused_run_says_why_on_its_pod_and_events_can_be_switched_off(harness: Harness) -> None:

@@ -85,6 +85,8 @@ def test_what_the_job_reads_of_protobuf_is_what_it_reads_of_json(kubeapi: KubeAp
     assert unavailable.since == objects.SINCE and unavailable.reason == "NoRouteCreated"
     untimed = next(node for node in nodes if node.name == "untimed").network_unavailable
     assert untimed is not None and untimed.since is None and untimed.condition
+    stored = kubeapi.get("/api/v1/nodes", "untimed")
+    assert stored is not None and untimed.node_created == stored["metadata"]["creationTimestamp"] is not None
     assert pods[("shop", "dual-1")] == PodInfo("full", ("100.96.0.2", "fd00:96::2"))
     assert pods[("shop", "pending-1")] == PodInfo(None, ())
     assert sum(spoken.values()) < 0.7 * sum(in_json.values()), "protobuf is the smaller answer"
@@ -98,6 +100,7 @@ def test_the_jobs_field_numbers_are_those_the_test_server_encodes_with() -> None
         "HealthPod": "Pod",
         "LabelledMeta": "ObjectMeta",
         "HealthPodStatus": "PodStatus",
+        "NodeMeta": "ObjectMeta",
     }
     scalars = {"string": {"s"}, "int32": {"i"}, "int64": {"i"}, "bytes": {"y"}, "map": {"ms"}, "Time": {"t", "T"}}
     renamed = {("ListMeta", "next"): "continue"}

@@ -1,10 +1,13 @@
 """The previous log's digest (`log_digest`): what a crash-looping calico-node's log is held as
-until the run ends. The causes decided on it are the causes decided on the whole log."""
+until the run ends. The causes decided on it are the causes decided on the whole log. And how
+long a Node has been NetworkUnavailable where nothing says since when."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +19,10 @@ from job.core.health import (
     calico_node_findings,
     log_conflicts,
     log_digest,
+    network_unavailable,
+    unavailable_seconds,
 )
+from job.core.model import KubeNode, NetworkUnavailable
 
 CONFLICT = "2026-11-30 11:58:01.123 [WARNING][9] startup.go 102: Calico node '{}' is already using the IPv4 address {}."
 LINES = st.one_of(
@@ -77,3 +83,34 @@ def test_a_logs_digest_is_bounded_whatever_the_log() -> None:
     cause, evidence, holder, conflicts = _decided(digest)
     assert (cause, holder) == ("ip_conflict_orphan", "old-1") and len(evidence[0]) == LOG_LINE_CHARS
     assert [(c.ip, c.orphan) for c in conflicts] == [("10.0.1.13", "old-1")]
+
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("created", "state", "at_most"),
+    [
+        ("2026-11-30T11:58:00Z", "transient", 120),  # a kubelet registered it with the taint 2 minutes ago
+        ("2026-11-30T11:50:00Z", "stuck", 600),  # the threshold itself: stuck, as a known duration is
+        ("2026-11-30T09:00:00Z", "stuck", 10800),
+        ("2026-11-30T12:05:00Z", "transient", 0),  # the API server's clock ahead of the job's
+        (None, "stuck", None),  # not even the age is known: stuck, as before
+        ("yesterday", "stuck", None),
+    ],
+)
+def test_a_taint_that_says_no_time_is_bounded_by_its_nodes_age(created: str | None, state: str, at_most: int) -> None:
+    """A taint without timeAdded and no condition: the Node's age is how long at most. A Node
+    younger than the threshold cannot have been unavailable that long, so it is not stuck."""
+    taint = NetworkUnavailable(since=None, node_created=created)
+    (finding,) = network_unavailable([KubeNode("n", (), taint)], NOW, 600.0)
+    assert (finding["state"], finding["duration_seconds"]) == (state, None)
+    assert finding["duration_at_most_seconds"] == unavailable_seconds(finding) == at_most
+    assert finding["node_created"] == created
+
+
+def test_a_known_time_is_the_duration_whatever_the_nodes_age() -> None:
+    condition = NetworkUnavailable(since="2026-11-30T11:59:00Z", condition=True, node_created="2026-11-01T00:00:00Z")
+    (finding,) = network_unavailable([KubeNode("n", (), condition)], NOW, 600.0)
+    assert (finding["state"], finding["duration_at_most_seconds"]) == ("transient", None)
+    assert finding["duration_seconds"] == unavailable_seconds(finding) == 60
