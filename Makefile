@@ -16,7 +16,7 @@ help:
 	@echo "make test-pythons  the fast suite on the README's other Pythons (3.12, 3.13), side by side"
 	@echo "make lint   ruff, mypy, import-linter, and checkov on the manifests, the chart and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
-	@echo "make bench  the 5,000-host benchmark, on three layouts of the fleet, 1,000 namespaces, hashed container ids, GKE host names and 8 pods a host (prints its figures)"
+	@echo "make bench  the 5,000-host benchmark, on three layouts of the fleet, 1,000 namespaces, hashed container ids, GKE host names, dual stack, /28 blocks and 8 pods a host (prints its figures)"
 	@echo "make bench-scale  the same at 15,000 hosts"
 	@echo "make bench-gateway  the 5,000-host dry run beside the last commit that spoke etcd's JSON gateway"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
@@ -127,7 +127,7 @@ $(JOB_STAMP): requirements.lock
 BENCH_ENV := BENCH_JOB_PYTHON=$(JOB_VENV)/bin/python
 
 # Three layouts, the last also with 1,000 namespaces and with container ids as a runtime makes
-# them (handles' keys in no order of hosts), then with GKE names and dual stack, so that a change cannot tune to one
+# them (handles' keys in no order of hosts), then with GKE names, dual stack and /28 blocks, so that a change cannot tune to one
 # (bench/generate.py, SHAPES); and a sparse fleet (8 pods a host), where what a run costs
 # whatever the keys (Python's start, the imports, the hosts' keys) weighs most.
 bench: $(STAMP) $(JOB_STAMP)
@@ -138,6 +138,7 @@ bench: $(STAMP) $(JOB_STAMP)
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --ip-families dual --repeat 3 --extra-endpoints 0
+	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --block-size 28 --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape spread --pods-per-host 8 --repeat 3 --extra-endpoints 0
 
 # The same dry runs beside those of the last commit that spoke etcd's JSON gateway (a worktree of it).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import compileall
 import contextlib
 import json
@@ -54,6 +55,13 @@ from tests.support.kubeapi import PROTOBUF, KubeApiServer
 T = TypeVar("T")
 # The interpreter the job runs with: `make bench` gives one with the image's dependency set only.
 JOB_PYTHON = os.path.abspath(os.environ.get("BENCH_JOB_PYTHON", sys.executable))  # not resolved: a venv
+
+
+def tallied(keys: Iterable[tuple[str, str]], kinds: collections.Counter[str]) -> Iterator[tuple[str, str]]:
+    """The keys, each counted in `kinds` as a workload endpoint, a block or another key."""
+    for key, value in keys:
+        kinds["workloadendpoints" if "/workloadendpoints/" in key else "block" if "/assignment/" in key else ""] += 1
+        yield key, value
 
 
 def grpc_pages(store: EtcdV3Datastore, prefix: str) -> Iterator[Sequence[KeyValue]]:
@@ -258,6 +266,15 @@ def main() -> int:
         help="the pods' addresses: IPv4, or dual stack (an IPv6 /122 block per host too, each pod an address in both "
         "and one handle counting the two)",
     )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        choices=range(24, 31),
+        default=26,
+        metavar="24-30",
+        help="the IPv4 blocks' prefix length (an IP pool's blockSize): a host has as many as its pods need, in its "
+        "own /24; 26 and up to 62 pods is one block a host",
+    )
     parser.add_argument("--job-tree", type=Path, help="another checkout of the job, to run its dry run beside")
     parser.add_argument(
         "--job-tree-args",
@@ -287,17 +304,22 @@ def main() -> int:
             hashed=options.container_ids == "hashed",
             names=options.host_names,
             families=options.ip_families,
+            block_size=options.block_size,
         )
-        keys = load(etcd.url, (kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))))
+        kinds: collections.Counter[str] = collections.Counter()
+        keys = load(
+            etcd.url,
+            tallied((kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))), kinds),
+        )
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
             f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
             f"{', no namespace profiles' if options.no_profiles else ''}"
             f"{', hashed container ids' if options.container_ids == 'hashed' else ''}"
             f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}"
-            f"{', dual stack' if options.ip_families == 'dual' else ''}, "
-            f"{options.hosts * options.pods_per_host} workload endpoints, "
-            f"{options.hosts * (2 if options.ip_families == 'dual' else 1)} blocks) "
+            f"{', dual stack' if options.ip_families == 'dual' else ''}"
+            f"{f', /{options.block_size} blocks' if options.block_size != 26 else ''}, "
+            f"{kinds['workloadendpoints']} workload endpoints, {kinds['block']} blocks) "
             f"in {time.perf_counter() - started:.1f}s"
         )
         config = Config(
@@ -399,6 +421,7 @@ def main() -> int:
                     options.container_ids == "hashed",
                     options.host_names,
                     options.ip_families,
+                    options.block_size,
                 ),
             )
             more = [run_job(env, cases["default flags (--max-deletions 20)"][0])[1] for _ in range(options.repeat)]

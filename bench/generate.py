@@ -1,10 +1,11 @@
 """Generate a large Calico etcd-v3 datastore quickly (streamed, values built directly).
 
-Per host: a Node (orchRefs, BGP address, IPIP tunnel IP), one affine /26 block holding its
-tunnel IP and its pods' IPs, the block affinity, one handle per allocation, the pods'
-workload endpoints, and Felix status keys (live hosts report, orphans do not). Optionally each
-orphan has a pod whose IP is in a live host's block (as after churn), live hosts have more pods,
-and (dual stack) each host has an affine IPv6 /122 block too, each pod an address in both.
+Per host: a Node (orchRefs, BGP address, IPIP tunnel IP), affine blocks holding its tunnel IP
+and its pods' IPs (one /26 by default; as many blocks of another size as its pods need, in the
+host's own /24), the blocks' affinities, one handle per allocation, the pods' workload endpoints,
+and Felix status keys (live hosts report, orphans do not). Optionally each orphan has a pod whose
+IP is in a live host's block (as after churn), live hosts have more pods, and (dual stack) each
+host has an affine IPv6 /122 block too, each pod an address in both.
 """
 
 from __future__ import annotations
@@ -85,6 +86,19 @@ def _block(index: int, version: int = 4) -> tuple[str, Callable[[int], str]]:
         return f"{base}/122", lambda ordinal: str(base + ordinal)
     a, b = 64 + index // 256, index % 256
     return f"100.{a}.{b}.0/26", lambda ordinal: f"100.{a}.{b}.{ordinal}"
+
+
+def _ipv4_blocks(index: int, block_size: int, used: int) -> list[tuple[str, Callable[[int], str]]]:
+    """A host's IPv4 blocks of prefix length `block_size` (Calico's IPPool blockSize, 20-32), as
+    many as hold ordinals 0 to `used` - 1 of its own /24, each with its address at an ordinal."""
+    size = 2 ** (32 - block_size)
+    assert used <= 256, "a host's blocks lie in its own /24"
+    a, b = 64 + index // 256, index % 256
+
+    def block(first: int) -> tuple[str, Callable[[int], str]]:
+        return f"100.{a}.{b}.{first}/{block_size}", lambda ordinal: f"100.{a}.{b}.{first + ordinal}"
+
+    return [block(first) for first in range(0, max(used, 1), size)]
 
 
 def _block_key(cidr: str) -> str:
@@ -180,13 +194,17 @@ def host_keys(
     hashed: bool = False,
     names: str = "aws",
     families: str = "ipv4",
+    block_size: int = 26,
 ) -> Iterator[tuple[str, str]]:
     """One host's keys. `lends_to`: the orphan whose borrower pod has an IP in this host's block;
     `borrows_from`: the live host whose block holds this orphan's borrower pod's IP; `hashed`:
     container ids as a runtime makes them (_container_id); `names`: host_name's; `families`: one
-    of FAMILIES (borrowing is IPv4 only)."""
+    of FAMILIES (borrowing is IPv4 only); `block_size`: the IPv4 blocks' prefix length (the
+    IPv6 block is a /122, holding 62 pods)."""
     name = host_name(index, names)
-    blocks = [_block(index, version) for version in ((4, 6) if families == "dual" else (4,))]
+    size = 2 ** (32 - block_size)
+    ipv4 = _ipv4_blocks(index, block_size, pods + 2)
+    blocks = ipv4 + ([_block(index, 6)] if families == "dual" else [])
     (cidr, address), *_ = blocks
     bgp = {"ipv4Address": f"10.{index // 250}.{index % 250}.10/19", "ipv4IPIPTunnelAddr": address(1)}
     if families == "dual":
@@ -207,16 +225,18 @@ def host_keys(
             }
         ),
     )
-    # Each block's attributes and allocations: the pods at ordinals 2 on in every family; the
-    # tunnel (ordinal 1) and a borrowed IP (BORROWED_ORDINAL) in the IPv4 block only.
+    # Each block's attributes and allocations: the pods at ordinals 2 on of the host's addresses
+    # in every family; the tunnel (ordinal 1) and a borrowed IP (BORROWED_ORDINAL) in the first
+    # IPv4 block only.
     tunnel = {"handle_id": f"ipip-tunnel-addr-{name}", "secondary": {"node": name, "type": "ipipTunnelAddress"}}
     yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
     held: list[dict[int, dict[str, object]]] = [{1: tunnel}] + [{} for _ in blocks[1:]]
     for pod in range(pods):
         ordinal = pod + 2
-        for ordinals in held:
-            ordinals[ordinal] = _pod_attribute(index, pod, namespaces, hashed, names)
-        addresses = [(at(ordinal), block) for block, at in blocks]
+        places = [(ordinal // size, ordinal % size)] + [(len(ipv4), ordinal)] * (len(blocks) - len(ipv4))
+        for number, within in places:
+            held[number][within] = _pod_attribute(index, pod, namespaces, hashed, names)
+        addresses = [(blocks[number][1](within), blocks[number][0]) for number, within in places]
         yield from _pod_keys(index, pod, addresses, namespaces, hashed, names)
     if lends_to is not None:
         held[0][BORROWED_ORDINAL] = _pod_attribute(lends_to, BORROWER, namespaces, hashed, names)
@@ -224,7 +244,7 @@ def host_keys(
         lender_cidr, lender_at = _block(borrows_from)
         yield from _pod_keys(index, BORROWER, [(lender_at(BORROWED_ORDINAL), lender_cidr)], namespaces, hashed, names)
     for (block, _), ordinals in zip(blocks, held, strict=True):
-        allocations: list[int | None] = [None] * 64
+        allocations: list[int | None] = [None] * ipaddress.ip_network(block).num_addresses
         for position, ordinal in enumerate(sorted(ordinals)):
             allocations[ordinal] = position
         yield (
@@ -234,7 +254,7 @@ def host_keys(
                     "cidr": block,
                     "affinity": f"host:{name}",
                     "allocations": allocations,
-                    "unallocated": [o for o in range(64) if o not in ordinals],
+                    "unallocated": [o for o in range(len(allocations)) if o not in ordinals],
                     "attributes": [ordinals[o] for o in sorted(ordinals)],
                     "deleted": False,
                     "sequenceNumber": 1_700_000_000_000_000_000 + index,
@@ -261,13 +281,15 @@ def datastore(
     hashed: bool = False,
     names: str = "aws",
     families: str = "ipv4",
+    block_size: int = 26,
 ) -> Iterator[tuple[str, str]]:
     """Every key; `orphan_indexes` are the hosts whose Kubernetes Node is gone (`shape`). `borrow`
     (shape "together" only): each orphan has one more pod, whose IP it borrowed from a live host's
     block (at most one per live host). `extra_endpoints`: that many more pods, spread over the live
     hosts. `namespaces`: that many instead of the shape's (100 or more: skewed sizes). `hashed`:
     container ids as a runtime makes them (_container_id). `names`: how hosts are named (host_name).
-    `families`: the pods' IP families (FAMILIES)."""
+    `families`: the pods' IP families (FAMILIES). `block_size`: the IPv4 blocks' prefix length;
+    a host has as many as its pods need, in its own /24 (up to 254 pods)."""
     live = hosts - orphans
     namespaces = namespaces or NAMESPACES[shape]
     assert not borrow or (orphans <= live and shape == "together"), "each orphan borrows from its own live host"
@@ -306,11 +328,23 @@ def datastore(
         pods = pods_on(index, pods_per_host, shape)
         if not orphan and extra_endpoints:
             pods += extra_endpoints // live + (index < extra_endpoints % live)
-        assert pods + 2 < BORROWED_ORDINAL, "a /26 holds the tunnel, the pods and one borrowed IP"
+        if borrow or families == "dual":
+            assert pods + 2 < BORROWED_ORDINAL, "a /26 (or /122) holds the tunnel, the pods and one borrowed IP"
+            assert block_size == 26, "a borrowed IP is in a lender's first /26, the IPv6 block a /122 of 62 pods"
         lends_to = live + index if borrow and index < orphans else None
         borrows_from = index - live if borrow and orphan else None
         keys = host_keys(
-            index, pods, orphan, lends_to, borrows_from, shape == "together", namespaces, hashed, names, families
+            index,
+            pods,
+            orphan,
+            lends_to,
+            borrows_from,
+            shape == "together",
+            namespaces,
+            hashed,
+            names,
+            families,
+            block_size,
         )
         # Another tool's encoder: spaces after the separators (Python's default).
         yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)

@@ -7,6 +7,7 @@ import json
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,19 +177,19 @@ def test_dual_stack_on_etcd_v3_pools_of_each_version_and_the_orphans_ipv6_block(
     assert calico.ipam_problems(after) == []
 
 
-def test_the_benchs_dual_stack_fleet_is_read_whole_and_its_orphans_go_from_both_families(harness: Harness) -> None:
-    """bench.generate's dual-stack layout (what `make bench` times) is a fleet the job reads
-    whole: no problem found in it, every gone host's IPv4 and IPv6 blocks, affinities, handles and
-    endpoints planned and deleted, and what is left is IPAM `calicoctl ipam check` accepts."""
+def bench_fleet_deleted(harness: Harness, pods: int, **layout: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """bench.generate's fleet of 24 hosts (`namespaces`, hashed ids, GKE names) in `layout`, read
+    whole and applied: no problem found in it, every gone host's keys deleted and every live
+    host's kept, and what is left is IPAM `calicoctl ipam check` accepts. Gives the keys before
+    and after."""
     from bench.generate import datastore, host_name, load, orphan_indexes
 
     hosts, orphans = 24, 4
     gone = orphan_indexes(hosts, orphans, "namespaces")
     for index in set(range(hosts)) - gone:
         harness.kubeapi.add_node(host_name(index, "gke"), f"10.0.{index}.10")
-    load(harness.etcd.url, datastore(hosts, orphans, 3, shape="namespaces", hashed=True, names="gke", families="dual"))
+    load(harness.etcd.url, datastore(hosts, orphans, pods, shape="namespaces", hashed=True, names="gke", **layout))
     before = {k: v for k, (v, _) in harness.dump().items()}
-    assert sum("/ipv6/block/" in k for k in before) == 2 * hosts, "a block and an affinity per host"
     report, code = harness.run(harness.config(apply=True))
     assert code == 0 and report["errors"] == [] and report["audit"]["leaked_ips"]["count"] == 0
     assert report["summary"]["deleted"] == orphans == report["summary"]["orphaned"]
@@ -197,8 +198,29 @@ def test_the_benchs_dual_stack_fleet_is_read_whole_and_its_orphans_go_from_both_
         name = host_name(index, "gke")
         held = {k for k in after if name in k or name.replace("-", "--") in k}
         assert bool(held) is (index not in gone), name
-    assert sum("/ipv6/block/" in k for k in after) == 2 * (hosts - orphans)
     assert calico.ipam_problems(after) == []
+    return before, after
+
+
+def test_the_benchs_dual_stack_fleet_is_read_whole_and_its_orphans_go_from_both_families(harness: Harness) -> None:
+    """bench.generate's dual-stack layout (what `make bench` times): every gone host's IPv4 and
+    IPv6 blocks, affinities, handles and endpoints go (bench_fleet_deleted)."""
+    before, after = bench_fleet_deleted(harness, 3, families="dual")
+    assert sum("/ipv6/block/" in k for k in before) == 2 * 24, "a block and an affinity per host"
+    assert sum("/ipv6/block/" in k for k in after) == 2 * (24 - 4)
+
+
+def test_the_benchs_fleet_of_small_blocks_is_read_whole_and_its_orphans_go_with_every_block(harness: Harness) -> None:
+    """bench.generate's hosts with as many /28 blocks as their pods need (`make bench`'s
+    `--block-size 28`): every gone host's blocks go (bench_fleet_deleted)."""
+    from bench.generate import orphan_indexes, pods_on
+
+    before, after = bench_fleet_deleted(harness, 20, block_size=28)
+    needed = [-(-(pods_on(index, 20, "namespaces") + 2) // 16) for index in range(24)]  # the tunnel, ordinal 0
+    blocks = [k for k in before if "/assignment/ipv4/block/" in k]
+    assert len(blocks) == sum(needed) > 24 and all(k.endswith("-28") for k in blocks), "one to three /28s a host"
+    kept = sum(n for index, n in enumerate(needed) if index not in orphan_indexes(24, 4, "namespaces"))
+    assert sum("/assignment/ipv4/block/" in k for k in after) == kept
 
 
 def test_dual_stack_on_etcd_v2_the_orphans_ipv6_block_goes_and_the_v6_pool_is_checked(harness: Harness) -> None:
