@@ -189,6 +189,29 @@ def test_the_schema_refuses_bad_values(values: dict[str, Any], field: str) -> No
     assert "\n" not in done.stderr.strip(), "one line"
 
 
+@pytest.mark.parametrize(
+    "duration",
+    ["365d", "8760h", "31536000000ms", "364d23h59m60s", "0.5s", "000000000030m", "0", "365d1ms", "300d100d", "8761h",
+     "31536000001ms", "99999999999999999999999s", "1" * 400 + "d"],
+)  # fmt: skip
+def test_a_duration_the_job_would_refuse_as_too_long_is_refused_at_install(duration: str) -> None:
+    """The schema's pattern cannot bound a sum of parts; the chart sums them as the job does
+    (config.parse_duration, at most 365d), so a value the CronJob would refuse at every run is
+    refused by `helm install`, in one line naming the value."""
+    from job.config import ConfigError, parse_duration
+
+    try:
+        parse_duration(duration)
+        taken = True
+    except ConfigError:
+        taken = False
+    for field in ("gracePeriod", "conflictGracePeriod", "leaseDuration", "networkUnavailableThreshold"):
+        done = helm("render", str(CHART), json.dumps({field: duration}), "calico-gc", "kube-system")
+        assert (done.returncode == 0) is taken, (field, done.stderr)
+        if not taken:
+            assert f"{field}: " in done.stderr and "365d" in done.stderr and "\n" not in done.stderr.strip()
+
+
 RULES = Path(__file__).resolve().parents[2] / "charts" / "calico-gc" / "files" / "calico-gc.rules.yaml"
 # The Prometheus Operator's Duration (its CRD's pattern for a rule's `for`).
 OPERATOR_DURATION = r"0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?"
