@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -166,12 +167,20 @@ def test_a_real_prometheus_scrapes_the_pushed_series_and_a_stuck_node_fires(
     harness: Harness, tmp_path: Path, pushgateway: prom.Pushgateway, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The shipped rules, their `for` shortened in a test copy, loaded in a real Prometheus that
-    scrapes the real Pushgateway the job pushed to."""
+    scrapes the real Pushgateway the job pushed to. Two Nodes carry the taint without timeAdded
+    (no condition): the one created 3 hours ago fires as stuck for its age, the one registered 2
+    minutes ago does not."""
     prom.needs(prom.PROMETHEUS, "prometheus")
     scenario = s.kops_cluster()
     harness.seed(scenario)
     healthy_pods(harness, scenario)
     network_unavailable(harness.kubeapi, s.NEW_NODE, "2026-11-29T00:00:00Z")
+    now = datetime.now(UTC)  # the command's clock, not the harness's
+    for name, age in ((s.LIVE[0], timedelta(hours=3)), (s.LIVE[1], timedelta(minutes=2))):
+        node = harness.kubeapi.get("/api/v1/nodes", name)
+        assert node is not None
+        node["metadata"]["creationTimestamp"] = (now - age).strftime("%Y-%m-%dT%H:%M:%SZ")
+        node["spec"]["taints"] = [{"key": "node.kubernetes.io/network-unavailable", "effect": "NoSchedule"}]
     run(harness, tmp_path, capsys, "--pushgateway", pushgateway.url, "--cluster-name", "prod-eu")
     copy = tmp_path / "rules.yaml"
     copy.write_text(re.sub(r"for: \d+m", "for: 0s", RULES.read_text()))
@@ -181,7 +190,8 @@ def test_a_real_prometheus_scrapes_the_pushed_series_and_a_stuck_node_fires(
         series = prom.until(
             "the pushed series scraped", lambda: server.query("calico_gc_node_network_unavailable_seconds")
         )
-        (stuck,) = series
+        by_node = {each["metric"]["node"]: each for each in series}
+        stuck = by_node[s.NEW_NODE]
         assert {k: stuck["metric"][k] for k in ("job", "cluster", "scope", "node", "cause")} == {
             "job": "calico-gc",
             "cluster": "prod-eu",
@@ -189,6 +199,9 @@ def test_a_real_prometheus_scrapes_the_pushed_series_and_a_stuck_node_fires(
             "node": s.NEW_NODE,
             "cause": "unknown",
         }
+        ages = {node: float(each["value"][1]) for node, each in by_node.items() if node != s.NEW_NODE}
+        assert ages.keys() == {s.LIVE[0], s.LIVE[1]}
+        assert 10800 <= ages[s.LIVE[0]] < 10800 + 300 and 120 <= ages[s.LIVE[1]] < 120 + 300
         for name in (
             "calico_gc_last_success_timestamp_seconds",
             "calico_gc_grace_period_seconds",
@@ -201,13 +214,15 @@ def test_a_real_prometheus_scrapes_the_pushed_series_and_a_stuck_node_fires(
         def firing() -> list[dict[str, Any]]:
             return [a for a in server.alerts() if a["state"] == "firing"]
 
-        alerts = prom.until(
-            "CalicoNodeStuckNetworkUnavailable firing",
-            lambda: [a for a in firing() if a["labels"]["alertname"] == "CalicoNodeStuckNetworkUnavailable"],
-        )
-        (alert,) = alerts
-        assert alert["labels"]["node"] == s.NEW_NODE and alert["labels"]["severity"] == "critical"
-        assert s.NEW_NODE in alert["annotations"]["description"]
+        def stuck_alerts() -> list[dict[str, Any]]:
+            found = [a for a in firing() if a["labels"]["alertname"] == "CalicoNodeStuckNetworkUnavailable"]
+            return found if len(found) >= 2 else []
+
+        alerts = prom.until("CalicoNodeStuckNetworkUnavailable firing for both stuck Nodes", stuck_alerts)
+        assert sorted(a["labels"]["node"] for a in alerts) == sorted([s.NEW_NODE, s.LIVE[0]])
+        for alert in alerts:
+            assert alert["labels"]["severity"] == "critical"
+            assert alert["labels"]["node"] in alert["annotations"]["description"]
         conflict = prom.until(
             "CalicoIpConflict firing", lambda: [a for a in firing() if a["labels"]["alertname"] == "CalicoIpConflict"]
         )
