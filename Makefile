@@ -7,13 +7,13 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges bench-crash-loop image lock clean prometheus-tools rules
+.PHONY: help install test test-fast test-pythons test-interpreter lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges bench-crash-loop image lock clean prometheus-tools rules
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
 	@echo "make test   install what the tests need, start it, run every test"
 	@echo "make test-fast  every test but the slow suites (marker: slow), while you iterate"
-	@echo "make test-pythons  the fast suite on the README's other Pythons (3.12, 3.13), side by side"
+	@echo "make test-pythons  the fast suite but tests/deploy on the README's other Pythons (3.12, 3.13), side by side"
 	@echo "make lint   ruff, mypy, import-linter, and checkov on the manifests, the chart and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
 	@echo "make bench  the 5,000-host benchmark, on three layouts of the fleet, 1,000 namespaces, hashed container ids, GKE host names, dual stack, /28 blocks and 8 pods a host (prints its figures)"
@@ -77,17 +77,22 @@ rules: $(STAMP)
 
 # The README names Python 3.11, 3.12 and 3.13: the fast suite runs on the two besides this one, each
 # in a venv of its own, side by side (the suite mostly waits on etcd and subprocesses). The
-# interpreters are pyenv's, as these machines carry them, else python3.X on PATH.
+# interpreters are pyenv's, as these machines carry them, else python3.X on PATH. tests/deploy is
+# left to `make test`: the image, the chart and the manifests are built by podman, Helm and
+# kubectl, whichever Python runs pytest (and Helm's engine is no download for each venv).
 OTHER_PYTHONS := 3.12 3.13
 test-pythons:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(addprefix test-python-,$(OTHER_PYTHONS))
+
+test-interpreter: $(STAMP) prometheus-tools
+	$(BIN)/python -m pytest -m "not slow" --ignore=tests/deploy
 
 test-python-%:
 	@interp=$$(ls -d $(HOME)/.pyenv/versions/$*.*/bin/python$* 2>/dev/null | tail -n 1); \
 	[ -n "$$interp" ] || interp=$$(command -v python$* || true); \
 	[ -n "$$interp" ] || { echo "no Python $* here (pyenv's, or python$* on PATH)"; exit 1; }; \
 	echo "fast suite on $$($$interp --version)"; \
-	$(MAKE) --no-print-directory test-fast PYTHON=$$interp VENV=.venv-$*
+	$(MAKE) --no-print-directory test-interpreter PYTHON=$$interp VENV=.venv-$*
 
 OVERLAYS := cronjob job kdd calico-2.x no-host-network examples/apply examples/alerts examples/etcd-user
 
