@@ -1,6 +1,7 @@
 """IPAM accounting is exact after any crash, conflict or re-plan (issue 8, point 1).
 
-The job runs as a real process behind a relay that counts etcd write transactions. At every
+The job runs as a real process (forked by a Zygote that did its imports once: hundreds of runs)
+behind a relay that counts etcd write transactions. At every
 write index it is killed with SIGKILL before the write reaches etcd, or after etcd committed
 it but before the answer came back; or the write's compare is made to fail by a concurrent
 writer. A resumed run must then leave exactly the keyspace one clean run leaves, with every
@@ -21,10 +22,17 @@ from tests.adapters.test_kdd import seed_kdd, snapshot
 from tests.conftest import Harness
 from tests.support import calico, calico2
 from tests.support.groups import Group
-from tests.support.job_process import job_argv, run_job
+from tests.support.job_process import Zygote, job_argv, job_environ, run_job
 from tests.support.scenario import cross_borrowing_fleet
 from tests.support.write_relay import Action as RelayAction
 from tests.support.write_relay import Trigger, WriteRelay
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    started = Zygote(job_environ())
+    yield started
+    started.close()
 
 
 @pytest.fixture
@@ -97,7 +105,9 @@ def kdd(harness: Harness, group: Group) -> Keyspace:
     return Keyspace("kubernetes", reseed, values)
 
 
-def run_job_process(harness: Harness, relay: WriteRelay, keyspace: Keyspace, trigger: Trigger | None) -> int:
+def run_job_process(
+    harness: Harness, relay: WriteRelay, keyspace: Keyspace, trigger: Trigger | None, zygote: Zygote
+) -> int:
     # Reports are not kept here: keeping them is tested on its own, and it is not a datastore write.
     argv = job_argv(
         harness.kubeapi,
@@ -107,7 +117,7 @@ def run_job_process(harness: Harness, relay: WriteRelay, keyspace: Keyspace, tri
         "--keep-reports=0",
         f"--datastore-type={keyspace.datastore_type}",
     )
-    finished = run_job(argv, relay, trigger)
+    finished = run_job(argv, relay, trigger, zygote=zygote)
     if trigger is not None and trigger.action in ("kill_before", "kill_after"):
         assert finished.code == -signal.SIGKILL
     else:
@@ -125,7 +135,12 @@ def resume(harness: Harness, keyspace: Keyspace) -> None:
 
 
 def check_every_write(
-    harness: Harness, relay: WriteRelay, keyspace: Keyspace, action: RelayAction, known: Sequence[str] = ()
+    harness: Harness,
+    relay: WriteRelay,
+    zygote: Zygote,
+    keyspace: Keyspace,
+    action: RelayAction,
+    known: Sequence[str] = (),
 ) -> None:
     """Act at every write of a run, resume, and compare with one clean, uninterrupted run.
 
@@ -134,7 +149,7 @@ def check_every_write(
     harness.kubeapi.crd_writes = relay.next_write
     harness.kubeapi.kill = lambda: relay.send_signal(signal.SIGKILL)
     keyspace.reseed()
-    assert run_job_process(harness, relay, keyspace, None) == 0
+    assert run_job_process(harness, relay, keyspace, None, zygote) == 0
     reference, writes = keyspace.values(), relay.writes
     assert calico.ipam_problems(reference) == list(known)
     keyspace.reseed()
@@ -143,7 +158,7 @@ def check_every_write(
     assert writes >= 8
     for index in range(writes):
         keyspace.reseed()
-        code = run_job_process(harness, relay, keyspace, Trigger(index, action))
+        code = run_job_process(harness, relay, keyspace, Trigger(index, action), zygote)
         if action == "conflict":
             assert code == 0, f"a compare conflict at write {index} must be re-planned, not fail the run"
         resume(harness, keyspace)
@@ -172,31 +187,35 @@ ACTIONS = ["kill_before", "kill_after", "conflict"]
 
 @pytest.mark.parametrize("action", ACTIONS)
 def test_crash_or_conflict_at_every_write_of_two_orphans(
-    harness: Harness, relay: WriteRelay, action: RelayAction
+    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction
 ) -> None:
-    check_every_write(harness, relay, etcdv3(harness, 2), action)
+    check_every_write(harness, relay, zygote, etcdv3(harness, 2), action)
 
 
 @pytest.mark.slow  # ~60 single-key writes a run: under a minute per action
 @pytest.mark.parametrize("action", ACTIONS)
-def test_crash_or_conflict_at_every_write_on_etcd_v2(harness: Harness, relay: WriteRelay, action: RelayAction) -> None:
+def test_crash_or_conflict_at_every_write_on_etcd_v2(
+    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction
+) -> None:
     """No multi-key transactions here: the order of writes alone (each handle before its
     block, the metadata key last) must make every crash point recoverable."""
-    check_every_write(harness, relay, etcdv2(harness, 2), action)
+    check_every_write(harness, relay, zygote, etcdv2(harness, 2), action)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("action", ACTIONS)
 def test_crash_or_conflict_at_every_write_on_the_kubernetes_datastore(
-    harness: Harness, relay: WriteRelay, action: RelayAction, group: Group
+    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction, group: Group
 ) -> None:
     """One object a request: tombstones, pendingDeletion and handles-first order must make every
     crash point recoverable. The seed's stale handle is audit material, not this run's."""
     stale = "handle k8s-pod-network.stale: counts {'100.96.2.0/26': 1}, blocks hold None"
-    check_every_write(harness, relay, kdd(harness, group), action, known=[stale])
+    check_every_write(harness, relay, zygote, kdd(harness, group), action, known=[stale])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("action", ACTIONS)
-def test_crash_or_conflict_at_every_write_of_a_fleet(harness: Harness, relay: WriteRelay, action: RelayAction) -> None:
-    check_every_write(harness, relay, etcdv3(harness, 6), action)
+def test_crash_or_conflict_at_every_write_of_a_fleet(
+    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction
+) -> None:
+    check_every_write(harness, relay, zygote, etcdv3(harness, 6), action)
