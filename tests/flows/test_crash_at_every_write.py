@@ -11,9 +11,13 @@ block valid and every handle counting exactly what its blocks hold.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -180,6 +184,19 @@ def test_one_clean_run_leaves_no_handle_counting_a_freed_ip(harness: Harness) ->
     assert not [k for k in final if "gone-" in k]
     live_block = final["/calico/ipam/v2/assignment/ipv4/block/100.64.2.0-26"]  # lends .9 to live-1
     assert '"affinity":null' in live_block and "api-1" in live_block
+
+
+def test_a_zygotes_child_ends_as_python_m_job_ends(zygote: Zygote, tmp_path: Path) -> None:
+    """What the crash suites run (a child of the zygote) is what `python -m job` is: the same exit
+    code and the same standard error, for a setting refused at start and for a signal."""
+    stderr = tmp_path / "stderr.txt"
+    for argv in (["--etcd-timeout", "3000000d"], ["--version"], ["reports", "--keep-reports", "x"]):
+        direct = subprocess.run([sys.executable, "-m", "job", *argv], env=job_environ(), capture_output=True, text=True)
+        assert zygote.wait(zygote.start(argv, stderr)) == direct.returncode, argv
+        assert stderr.read_text() == direct.stderr, argv
+    child = zygote.start(["--etcd-endpoints", "http://127.0.0.1:9", "--etcd-timeout", "1h"], stderr)
+    os.kill(child, signal.SIGKILL)
+    assert zygote.wait(child) == -signal.SIGKILL
 
 
 ACTIONS = ["kill_before", "kill_after", "conflict"]
