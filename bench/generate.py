@@ -80,12 +80,11 @@ IPV6_POOL = ipaddress.IPv6Address("fd00:96::")
 
 
 def _block(index: int, version: int = 4) -> tuple[str, Callable[[int], str]]:
-    """A host's block of 64 addresses (a /26, or an IPv6 /122), and its address at an ordinal."""
+    """A host's first block of 64 addresses (a /26, or an IPv6 /122), and its address at an ordinal."""
     if version == 6:
         base = IPV6_POOL + index * 64
         return f"{base}/122", lambda ordinal: str(base + ordinal)
-    a, b = 64 + index // 256, index % 256
-    return f"100.{a}.{b}.0/26", lambda ordinal: f"100.{a}.{b}.{ordinal}"
+    return _ipv4_blocks(index, 26, 1)[0]
 
 
 def _ipv4_blocks(index: int, block_size: int, used: int) -> list[tuple[str, Callable[[int], str]]]:
