@@ -80,9 +80,9 @@ def _host(decision: HostDecision) -> dict[str, Any]:
         "reason": decision.reason,
         "orphaned_since": timestamp(decision.orphaned_since),
         "conflict": decision.conflict,
-        "changes": _changes(decision)
-        if decision.action in (Action.DELETED, Action.WOULD_DELETE, Action.FAILED)
-        else [],
+        # What a dry run would write, or what a run wrote, whatever the host's action: a host
+        # skipped after a conflict (its Node back, its Felix alive) keeps what was written before.
+        "changes": _changes(decision),
     }
     if decision.error:
         entry["error"] = decision.error

@@ -35,7 +35,9 @@ from job.core.ipam import (
 )
 from job.core.model import CREATE, JsonObject, Step, StoredItem, Write
 
-RESTORABLE_ACTIONS = ("deleted", "failed")  # a failed host's report lists the writes that were applied
+# A failed host's report lists the writes that were applied, as does a skipped one's where it was
+# skipped after a conflict (its Node back, its Felix alive).
+RESTORABLE_ACTIONS = ("deleted", "failed", "skipped")
 
 
 class ReportShapeError(ValueError):

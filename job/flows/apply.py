@@ -105,12 +105,6 @@ def apply_host(
         log.info("host_result", host=host, action=str(action), reason=reason, error=error)
         return replace(decision, action=action, reason=reason, steps=tuple(committed), error=error)
 
-    try:
-        if nodes.node_exists(link):
-            return outcome(Action.SKIPPED, K8S_NODE_RECREATED)
-    except KubeError as error:
-        return outcome(Action.FAILED, "k8s_recheck_failed", str(error))
-
     def record(step: Step, applied: int) -> None:
         """What really was written, also of a step cut short, so that the report misses nothing."""
         if applied:
@@ -121,6 +115,13 @@ def apply_host(
     current: HostDecision | None = decision
     for _ in range(MAX_REPLANS):
         assert current is not None
+        # Before the first write, and again after each conflict: a conflict may be the sign of a
+        # Node that came back, its calico-node writing its own data again.
+        try:
+            if nodes.node_exists(link):
+                return outcome(Action.SKIPPED, K8S_NODE_RECREATED)
+        except KubeError as error:
+            return outcome(Action.FAILED, "k8s_recheck_failed", str(error))
         try:
             current = with_befores(current, datastore)
             for step in current.steps:

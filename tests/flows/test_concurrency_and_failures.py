@@ -188,6 +188,38 @@ def test_node_recreated_between_plan_and_delete_spares_the_host(harness: Harness
     }
 
 
+def test_a_node_back_while_its_writes_conflict_is_checked_again_before_the_next_write(harness: Harness) -> None:
+    """The Node is gone at the first re-check; its calico-node, back, rewrites its Calico Node, so
+    the last step conflicts. The re-plan that follows must not delete what the Node wrote."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    node_key = next(k for k in scenario.seed.keys if k.endswith(f"/nodes/{s.POD_ORPHAN}"))
+    rewritten = json.loads(scenario.seed.keys[node_key])
+    rewritten["spec"]["bgp"]["ipv4Address"] = "10.0.1.20/24"
+    rechecks = []
+
+    def the_node_comes_back() -> None:
+        rechecks.append(1)
+        if len(rechecks) == 1:  # answered 404; meanwhile calico-node starts on the new Node
+            calico.load(harness.etcd.url, {node_key: json.dumps(rewritten)})
+        else:
+            harness.kubeapi.add_node(s.POD_ORPHAN)
+
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", the_node_comes_back, times=2)
+    report, code = harness.run(harness.config(apply=True))
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    assert code == 0 and (entry["action"], entry["reason"]) == ("skipped", "k8s_node_recreated")
+    assert len(rechecks) == 2, "checked before the first write and again after the conflict"
+    assert json.loads(harness.dump()[node_key][0]) == rewritten, "the Calico Node the new node wrote stays"
+    written = [c["key"] for c in entry["changes"]]
+    assert written and node_key not in written, "the report says what was written before the conflict"
+    assert hosts_by_name(report)[s.CONFLICT_ORPHAN]["action"] == "deleted"
+    document, _ = harness.restore(source=report)
+    restorable = {h["name"]: h for h in document["hosts"]}[s.POD_ORPHAN]
+    assert restorable["action"] == "would_restore", "what was written is what a restore can put back"
+    assert {c["key"] for c in restorable["changes"]} <= set(written)
+
+
 def test_recheck_that_keeps_failing_marks_the_host_failed_exit_4(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
     harness.kubeapi.fail("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", 500, times=100)
