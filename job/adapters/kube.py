@@ -322,9 +322,10 @@ def _node_of_protobuf(node: Any) -> KubeNode:
     ]
     taints = [_Taint(t.key, when(t, "timeAdded")) for t in node.spec.taints if t.key == NETWORK_UNAVAILABLE_TAINT]
     addresses = [_Address(address.type, address.address) for address in status.addresses]
+    created = when(node.metadata, "creationTimestamp") if conditions or taints else None  # read only then
     return _kube_node(
         _Node(
-            _NodeMeta(node.metadata.name, when(node.metadata, "creationTimestamp")),
+            _NodeMeta(node.metadata.name, created),
             _NodeSpec(taints or None),
             _NodeStatus(addresses or None, conditions or None),
         )
