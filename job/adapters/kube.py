@@ -400,6 +400,10 @@ def api_client(config: Config) -> k8s.ApiClient:
 
 def _pooled(configuration: k8s.Configuration) -> k8s.ApiClient:
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, POOL_CONNECTIONS)
+    # Every retry is the job's own (RetryPolicy: logged, bounded, and counted where a write tried
+    # again may have been done at the first try): urllib3's would resend a write whose answer was
+    # lost unseen, and the job would take the write's own doing for someone else's.
+    configuration.retries = False
     return k8s.ApiClient(configuration)
 
 
@@ -477,10 +481,17 @@ class Kube:
         self._warned_lock = threading.Lock()
 
     def request(
-        self, method: str, path: str, query: dict[str, Any] | None = None, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+        tries: list[int] | None = None,
     ) -> dict[str, Any]:
-        """One API call with retries; a non-2xx answer raises KubeError with its status."""
-        text = self.request_bytes(method, path, query, body).decode(errors="replace")
+        """One API call with retries; a non-2xx answer raises KubeError with its status. `tries`,
+        where given, gets an entry at each attempt: a write tried twice may have been done at the
+        first, its answer lost."""
+        text = self.request_bytes(method, path, query, body, tries=tries).decode(errors="replace")
         try:
             data = json.loads(text)
         except (ValueError, RecursionError):
@@ -586,12 +597,15 @@ class Kube:
         body: dict[str, Any] | None = None,
         retry: bool = True,
         accept: str = JSON,
+        tries: list[int] | None = None,
     ) -> bytes:
         # A write names only fields the server knows, or is refused: by default a real server drops
         # an unknown field with a warning, and a Calico object written so would be stored without it.
         sent = {**(query or {}), "fieldValidation": "Strict"} if method in ("POST", "PUT") else query or {}
 
         def attempt() -> bytes:
+            if tries is not None:
+                tries.append(len(tries))
             headers = {"Accept": accept}
             if body is not None:
                 headers["Content-Type"] = "application/json"

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from job.adapters.datastores.etcdv2 import build_inventory
 from job.cli import main
+from job.config import EtcdEndpoint
 from job.core.ipam import block_shape_problem
 from job.core.model import ClusterInfo, StoredItem
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico2
 from tests.support.calico2 import BACKLOG, CONFLICT_ORPHAN, LIVE, NEW_NODE, ORPHAN, kops_18_cluster
+from tests.support.cut_link import CutLink
 from tests.support.odd_values import ODD_VALUES, replace_one
 
 
@@ -105,6 +108,35 @@ def test_cas_conflict_rereads_and_decides_again(harness: Harness) -> None:
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{ORPHAN}$", calico_touches_the_host)
     report, code = harness.run(v2(harness, apply=True))  # type: ignore[arg-type]
     assert code == 0 and hosts_by_name(report)[ORPHAN]["action"] == "deleted"
+    assert not mine(calico2.dump(harness.etcd.url), ORPHAN)
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"DELETE /v2/keys/calico/ipam/v2/handle/shop.cart-2?",
+        b"PUT /v2/keys/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26?",
+    ],
+    ids=["delete", "update"],
+)
+def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(
+    harness: Harness, request_line: bytes
+) -> None:
+    """etcd does the write, and the connection drops before its answer: the retry's compare fails
+    (412, or 404 for a delete) on the write's own doing, which is a write done, not a conflict."""
+    seeded(harness)
+    planned, _ = harness.run(v2(harness))  # type: ignore[arg-type]
+    link = CutLink(harness.etcd.client_port, lose_answer_to=request_line)
+    try:
+        config = replace(v2(harness, apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))  # type: ignore[type-var]
+        report, code = harness.run(config)
+    finally:
+        link.close()
+    assert link.lost.is_set(), "the answer to the write was lost"
+    entry = hosts_by_name(report)[ORPHAN]
+    assert code == 0 and entry["action"] == "deleted"
+    written = [(c["key"], c["op"], c["step"]) for c in entry["changes"]]
+    assert written == [(c["key"], c["op"], c["step"]) for c in hosts_by_name(planned)[ORPHAN]["changes"]]
     assert not mine(calico2.dump(harness.etcd.url), ORPHAN)
 
 

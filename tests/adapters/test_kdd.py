@@ -353,6 +353,32 @@ def test_a_409_during_a_block_update_rereads_and_decides_again(harness: Harness,
     assert set(before_keys(report)) >= {"ipamhandles/k8s-pod-network.cart-2", "ipamblocks/100-96-1-0-26"}
 
 
+@pytest.mark.parametrize("lost", range(1, 18))
+def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(
+    harness: Harness, group: Group, lost: int
+) -> None:
+    """The API server carries out the host's `lost`-th write (of 17 requests: the writes, a
+    tombstone or pendingDeletion before each block or affinity deleted) and the connection drops
+    before its answer. The retry then conflicts with that write's own doing (409, or 404 for a
+    DELETE): a write done, not a conflict, and the report lists it as the plan had it."""
+    seed_kdd(harness.kubeapi, group)
+    planned, _ = harness.run(kdd(harness))
+    writes: list[int] = []
+
+    def answer_lost() -> str | None:
+        writes.append(1)
+        return "kill_after" if len(writes) == lost else None  # `kill` is a no-op here: only the answer goes
+
+    harness.kubeapi.crd_writes = answer_lost
+    report, code = harness.run(kdd(harness, apply=True))
+    entry = hosts_by_name(report)[GONE]
+    assert len(writes) > lost, "the write whose answer was lost was tried again"
+    assert code == 0 and (entry["action"], entry["reason"]) == ("deleted", "k8s_node_missing")
+    assert [(c["key"], c["op"], c["step"]) for c in entry["changes"]] == [
+        (c["key"], c["op"], c["step"]) for c in hosts_by_name(planned)[GONE]["changes"]
+    ]
+
+
 def before_keys(report: dict[str, Any]) -> list[str]:
     return [c["key"] for c in hosts_by_name(report)[GONE]["changes"] if c.get("before")]
 

@@ -362,3 +362,26 @@ def test_link_to_etcd_cut_in_the_middle_of_the_read_is_a_clear_error_and_writes_
     assert link.cut.is_set() and link.relayed > 6000, "the read had started when the link went"
     assert code == 1 and report["outcome"] == "error" and report["errors"][0]["kind"] == "unavailable"
     assert report["hosts"] == [] and harness.dump() == before
+
+
+def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(harness: Harness) -> None:
+    """etcd commits the first write of a host, and the connection drops before its answer. The
+    retry's compare then fails on that write's own keys: it is a write done, not a conflict."""
+    harness.seed(s.kops_cluster())
+    planned, _ = harness.run(harness.config())
+    link = CutLink(harness.etcd.client_port, lose_answer_to=b'"cidr":"100.96.20.0/26"')
+    try:
+        config = replace(harness.config(apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))
+        report, code = harness.run(config)
+    finally:
+        link.close()
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    assert link.lost.is_set(), "the answer to the block's write was lost"
+    assert code == 0 and (entry["action"], entry["reason"]) == ("deleted", "k8s_node_missing")
+    block = next(c for c in entry["changes"] if c["key"].endswith("/block/100.96.20.0-26"))
+    assert block["op"] == "update" and block["before"] is not None
+    written = [(c["key"], c["op"], c["step"]) for c in entry["changes"]]
+    assert written == [(c["key"], c["op"], c["step"]) for c in hosts_by_name(planned)[s.POD_ORPHAN]["changes"]], (
+        "the report lists every write, the one whose answer was lost too, as the plan had them"
+    )
+    assert calico.ipam_problems({k: v for k, (v, _) in harness.dump().items()}) == []

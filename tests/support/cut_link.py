@@ -6,14 +6,42 @@ import socket
 import threading
 from contextlib import suppress
 
+HTTP2_PREFACE = b"PRI * HTTP/2.0"
+_HEADERS, _DATA = 1, 0
+
+
+def _whole_frames(buffered: bytes, doomed: bool) -> tuple[bytes, bytes, bool]:
+    """The whole HTTP/2 frames at the start of `buffered` that may be relayed, what is left, and
+    whether an answer (HEADERS or DATA) came where `doomed`: it and what follows are not relayed."""
+    end = 0
+    while len(buffered) - end >= 9:
+        size = int.from_bytes(buffered[end : end + 3], "big")
+        if len(buffered) - end < 9 + size:
+            break
+        if doomed and buffered[end + 3] in (_HEADERS, _DATA):
+            return buffered[:end], b"", True
+        end += 9 + size
+    return buffered[:end], buffered[end:], False
+
 
 class CutLink:
     """Relays 127.0.0.1:<port> to a target; after `cut_after` bytes sent back to clients, it
-    drops every connection and refuses new ones, as a network partition would."""
+    drops every connection and refuses new ones, as a network partition would.
 
-    def __init__(self, target_port: int, cut_after: int | None = None) -> None:
+    `lose_answer_to`: the answer to the first request whose bytes hold it is lost. The request
+    reaches the server, and once the server answers, that connection is dropped unanswered (a
+    timeout or a reset after the server acted); new connections are relayed as before. On
+    HTTP/2 (gRPC) the answer is the first HEADERS or DATA frame the server sends after the
+    request: the frames before it (PING, SETTINGS, WINDOW_UPDATE) are the transport's, sent
+    before the server has acted."""
+
+    def __init__(self, target_port: int, cut_after: int | None = None, lose_answer_to: bytes | None = None) -> None:
         self.target_port = target_port
         self.cut_after = cut_after
+        self.lose_answer_to = lose_answer_to
+        self.lost = threading.Event()  # an answer was lost
+        self._doomed: set[socket.socket] = set()  # clients whose next answer is lost
+        self._http2: set[socket.socket] = set()  # clients that spoke HTTP/2
         self.relayed = 0
         self.cut = threading.Event()
         self._lock = threading.Lock()
@@ -38,11 +66,34 @@ class CutLink:
             threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, to_client: bool) -> None:
+        seen = b""  # the end of what the client sent, so that a marker split across reads is found
+        frames = b""  # from an HTTP/2 server: what is not yet a whole frame
         with suppress(OSError):
             while not self.cut.is_set():
                 data = source.recv(65536)
                 if not data:
                     break
+                marker = self.lose_answer_to
+                if marker and not to_client and not self.lost.is_set():
+                    seen = (seen + data)[-len(data) - len(marker) :]
+                    if data.startswith(HTTP2_PREFACE):
+                        with self._lock:
+                            self._http2.add(source)
+                    if marker in seen:
+                        with self._lock:
+                            self._doomed.add(source)
+                if marker and to_client and sink in self._http2:
+                    frames += data
+                    data, frames, answered = _whole_frames(frames, sink in self._doomed)
+                    if data:
+                        sink.sendall(data)
+                    if answered:
+                        self._lose(source, sink)
+                        return
+                    continue
+                if to_client and sink in self._doomed:
+                    self._lose(source, sink)
+                    return
                 if to_client:
                     with self._lock:
                         self.relayed += len(data)
@@ -53,6 +104,13 @@ class CutLink:
                 sink.sendall(data)
         with suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
+
+    def _lose(self, server: socket.socket, client: socket.socket) -> None:
+        self.lost.set()
+        for sock in (server, client):
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
     def sever(self) -> None:
         self.cut.set()

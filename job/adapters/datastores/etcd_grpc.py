@@ -223,8 +223,8 @@ class EtcdGrpc:
                 stub = self._stubs[index] = _KvStub(channel)
             return stub
 
-    def _call(self, method: str, request: Any) -> Any:
-        """`KV.<method>(request)`, retried on transient failures; its answer."""
+    def _call(self, method: str, request: Any, tries: list[int] | None = None) -> Any:
+        """`KV.<method>(request)`, retried on transient failures; its answer (Endpoints.call's `tries`)."""
 
         def attempt(index: int) -> Any:
             stub, url = self._stub(index), self._endpoints.urls[index]
@@ -240,7 +240,7 @@ class EtcdGrpc:
             except grpc.RpcError as error:
                 raise failure(error, url, method, self._timeout) from None
 
-        return self._endpoints.call(attempt, f"etcd {method}")
+        return self._endpoints.call(attempt, f"etcd {method}", tries)
 
     def _metadata(self, index: int, stub: _KvStub, url: str, fresh: bool = False) -> tuple[tuple[str, str], ...]:
         """The metadata a call to endpoint `index` carries: etcd's auth token where ETCD_USERNAME
@@ -287,7 +287,12 @@ class EtcdGrpc:
 
     def write_if_unchanged(self, writes: Sequence[tuple[bytes, int, bytes | None]]) -> bool:
         """(key, mod revision, value or None to delete) in one transaction, all if every key is
-        still at its revision (0: absent), none otherwise; whether they were written."""
+        still at its revision (0: absent), none otherwise; whether they were written.
+
+        A transaction tried again (its answer lost to a timeout or a dropped connection) may have
+        committed at the first try, and then fails its compare on its own writes. So where a
+        retried one fails, the keys are read: each as the writes leave it means they were written.
+        """
         compare = rpc_pb2.Compare
         compares = [compare(key=k, result=compare.EQUAL, target=compare.MOD, mod_revision=r) for k, r, _ in writes]
         operations = [
@@ -296,8 +301,12 @@ class EtcdGrpc:
             else rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=v))
             for k, _, v in writes
         ]
-        answer = self._call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations))
-        return bool(answer.succeeded)
+        tries: list[int] = []
+        answer = self._call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations), tries)
+        if answer.succeeded or len(tries) == 1:
+            return bool(answer.succeeded)
+        now = {kv.key: kv.value for kv in self.get([key for key, _, _ in writes], 0)}
+        return all(now.get(key) == value for key, _, value in writes)
 
     def close(self) -> None:
         """Close every channel: calls still in flight (a read a stopped run left) are cancelled."""

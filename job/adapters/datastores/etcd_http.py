@@ -97,8 +97,9 @@ class EtcdHttp:
         data: dict[str, str] | None = None,
         expect: Collection[int] = (200,),
         decode: Callable[[bytes], Any] | None = None,
+        tries: list[int] | None = None,
     ) -> tuple[int, Any]:
-        """One call, retried on transient failures; returns (status, parsed JSON).
+        """One call, retried on transient failures; returns (status, parsed JSON) (Endpoints.call's `tries`).
 
         A status outside `expect` raises DatastoreError with etcd's own message, except 5xx and
         "no leader" answers, which are retried first. `decode` parses an expected answer in place
@@ -140,7 +141,7 @@ class EtcdHttp:
                 )
             raise Final(f"etcd {method} {path}: HTTP {response.status_code} {message}", "bad_answer")
 
-        return self._endpoints.call(attempt, f"etcd {method} {path.split('?', 1)[0]}")
+        return self._endpoints.call(attempt, f"etcd {method} {path.split('?', 1)[0]}", tries)
 
     def close(self) -> None:
         with self._lock:

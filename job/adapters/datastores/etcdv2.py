@@ -312,20 +312,29 @@ class EtcdV2Datastore:
         return len(step.writes)
 
     def _write(self, write: Write) -> bool:
-        """One compare-and-swap; False when the compare failed (or the key is gone)."""
+        """One compare-and-swap; False when the compare failed (or the key is gone). A write tried
+        again may have been done at the first try, its answer lost: where the retry's compare
+        fails, the key is read, and as this write leaves it means it was written."""
+        tries: list[int] = []
         if write.key.endswith("/"):  # an empty directory: refused (403) if a key appeared in it
             status, _ = self._http.request(
-                "DELETE", f"/v2/keys{write.key}", params={"dir": "true"}, expect=(200, 403, 404)
+                "DELETE", f"/v2/keys{write.key}", params={"dir": "true"}, expect=(200, 403, 404), tries=tries
             )
-            return status == 200
+            return status == 200 or (status == NOT_FOUND and len(tries) > 1)
         status, _ = self._http.request(
             "DELETE" if write.value is None else "PUT",
             f"/v2/keys{write.key}",
             params={"prevExist": "false"} if write.revision == CREATE else {"prevIndex": str(write.revision)},
             data=None if write.value is None else {"value": write.value},
             expect=(200, 201, COMPARE_FAILED, NOT_FOUND),
+            tries=tries,
         )
-        return status not in (COMPARE_FAILED, NOT_FOUND)
+        if status not in (COMPARE_FAILED, NOT_FOUND):
+            return True
+        if len(tries) == 1:
+            return False
+        node = self._get(write.key)
+        return (node.value if node is not None and not node.dir else None) == write.value
 
     def _prune(self, host: str) -> None:
         """Remove the gone host's now empty directories, deepest first; a directory something

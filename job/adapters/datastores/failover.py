@@ -75,12 +75,16 @@ class Endpoints:
         self.current = 0
         self._retry = retry
 
-    def call(self, attempt: Callable[[int], T], what: str) -> T:
+    def call(self, attempt: Callable[[int], T], what: str, tries: list[int] | None = None) -> T:
         """`attempt(index)` at the current endpoint, retried on Transient at the next one; a
-        DatastoreError when it fails for good. `what` names the call in the retry log."""
+        DatastoreError when it fails for good. `what` names the call in the retry log; `tries`,
+        where given, gets the endpoint of each attempt (a write tried twice may have committed
+        at the first, its answer lost)."""
 
         def once() -> T:
             index = self.current
+            if tries is not None:
+                tries.append(index)
             try:
                 return attempt(index)
             except Transient:
