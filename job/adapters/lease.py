@@ -78,13 +78,24 @@ class LeaseLock:
             log.warning("lease_taken_over", previous_holder=other, expired_at=None if left is None else str(now + left))
         return self._take("PUT", f"{self._path}/{self.name}", current, str(other or "another run"))
 
-    def _take(self, method: str, path: str, body: dict[str, Any], other: str) -> str | None:
+    def _written(self, method: str, path: str, body: dict[str, Any]) -> bool:
+        """Write the Lease; False on a 409 (someone else wrote it first). A write tried again may
+        have been done at the first try, its answer lost, and then conflicts with itself: a Lease
+        as this write leaves it (its holder this run's, its times this write's) is that write done."""
+        tries: list[int] = []
         try:
-            self.kube.request(method, path, body=body)
+            self.kube.request(method, path, body=body, tries=tries)
+            return True
         except KubeError as error:
-            if error.status == 409:
-                return other  # someone else wrote the Lease first
-            raise
+            if error.status != 409:
+                raise
+            if len(tries) == 1:
+                return False
+        return self.kube.request("GET", f"{self._path}/{self.name}").get("spec") == body.get("spec")
+
+    def _take(self, method: str, path: str, body: dict[str, Any], other: str) -> str | None:
+        if not self._written(method, path, body):
+            return other  # someone else wrote the Lease first
         self._renewed = self.kube.now()
         self._thread = threading.Thread(target=self._renew_in_background, name="lease-renewal", daemon=True)
         self._thread.start()
@@ -98,8 +109,7 @@ class LeaseLock:
         if spec.get("holderIdentity") != self.holder:
             return False
         change(spec)
-        self.kube.request("PUT", path, body=current)
-        return True
+        return self._written("PUT", path, current)
 
     def _renew_in_background(self) -> None:
         interval = max(self.duration.total_seconds() / 3, MIN_RENEW_INTERVAL_S)

@@ -92,6 +92,20 @@ def test_losing_the_lease_race_on_create_is_lock_held(harness: Harness) -> None:
     assert (code, report["outcome"]) == (0, "lock_held")
 
 
+def test_a_lease_taken_or_renewed_whose_answer_was_lost_is_held(harness: Harness) -> None:
+    """The create, then a renewal, are carried out and their answers lost; each retry conflicts
+    with its own first try. The run holds the Lease all the same, deletes, and releases it."""
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.lose("POST", f"^{LEASES}$")
+    harness.kubeapi.lose("PUT", f"^{LEASES}/calico-gc$")  # the first renewal
+    report, code = harness.run(renewing_at_every_host(harness), lock=True)
+    assert (code, report["outcome"]) == (0, "ok") and report["summary"]["deleted"] == 2
+    assert harness.kubeapi.count("POST", f"^{LEASES}$") == 2, "the create was tried again"
+    assert harness.kubeapi.losses[1].times == 0, "a renewal's answer was lost"
+    held = harness.kubeapi.get(LEASES, "calico-gc")
+    assert held is not None and "holderIdentity" not in held["spec"], "released at the end"
+
+
 def renewing_at_every_host(harness: Harness) -> Config:
     """An apply with the shortest Lease the job takes (3 s; a real server refuses 0), and a clock
     that each read of Nodes moves on 2 s (the list after the Lease is taken, each host's re-check):

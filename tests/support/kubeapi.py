@@ -175,6 +175,7 @@ class KubeApiServer:
     requests: list[tuple[str, str]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     hooks: list[Hook] = field(default_factory=list)
+    losses: list[Hook] = field(default_factory=list)  # `lose`: requests served, their answers dropped
     expired_tokens: bool = False
     logs: dict[tuple[str, str], str] = field(default_factory=dict)  # previous container logs by (ns, pod)
     # API groups not installed here (no CRDs): answered 404 as the real server does.
@@ -373,6 +374,11 @@ class KubeApiServer:
         """Answer the next `times` matching requests with `status` instead of serving them."""
         self.faults.append(Fault(method, re.compile(path), status, times, body))
 
+    def lose(self, method: str, path: str, times: int = 1) -> None:
+        """Serve the next `times` matching requests, then drop each one's connection unanswered: a
+        write carried out whose answer the client never gets (a timeout, a reset)."""
+        self.losses.append(Hook(method, re.compile(path), lambda: None, times))
+
     def on(self, method: str, path: str, action: Callable[[], None], times: int = 1) -> None:
         """Run `action` before serving the next `times` matching requests."""
         self.hooks.append(Hook(method, re.compile(path), action, times))
@@ -439,6 +445,11 @@ class KubeApiServer:
         if action == "kill_after":
             self.kill()
             return None
+        with self._lock:
+            loss = next((h for h in self.losses if h.method == method and h.path.search(path) and h.times > 0), None)
+            if loss is not None:
+                loss.times -= 1
+                return None
         return answer
 
     def _handle(
