@@ -16,6 +16,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -784,14 +785,38 @@ class Kube:
                 return None
             raise
 
+    def write(
+        self, method: str, path: str, body: dict[str, Any], at: str, done: Callable[[dict[str, Any] | None], bool]
+    ) -> dict[str, Any]:
+        """A conditional write (`request`): its answer. A write tried again may have been done at
+        the first try, its answer lost, and then conflicts with itself (409, or 404 for a DELETE).
+        Where a retried one does, the object at `at` is read (None: gone), and where `done` says
+        it is as the write leaves it, it is the answer ({} for a DELETE); else the conflict stands."""
+        tries: list[int] = []
+        try:
+            return self.request(method, path, body=body, tries=tries)
+        except KubeError as conflict:
+            if conflict.status not in (404, 409) or len(tries) == 1:
+                raise
+            try:
+                now: dict[str, Any] | None = self.request("GET", at)
+            except KubeError as error:
+                if error.status != 404:
+                    raise
+                now = None
+            if not done(now):
+                raise conflict
+            return now or {}
+
     def write_config_map(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create (no resourceVersion) or replace guarded by its resourceVersion; the object as
         written, whose resourceVersion the next write must carry. A lost race raises Conflict."""
         name = body["metadata"]["name"]
         collection = f"/api/v1/namespaces/{namespace}/configmaps"
-        if body["metadata"].get("resourceVersion"):
-            return self.request("PUT", f"{collection}/{name}", body=body)
-        return self.request("POST", collection, body=body)
+        method, path = (
+            ("PUT", f"{collection}/{name}") if body["metadata"].get("resourceVersion") else ("POST", collection)
+        )
+        return self.write(method, path, body, f"{collection}/{name}", partial(_same_config_map, body))
 
     @property
     def host(self) -> str:
@@ -800,6 +825,21 @@ class Kube:
 
     def now(self) -> datetime:
         return self._clock()
+
+
+def _same_config_map(written: dict[str, Any], now: dict[str, Any] | None) -> bool:
+    """`now` holds what `written` wrote: its data, labels and annotations."""
+    if now is None:
+        return False
+    meta, wrote = now.get("metadata") or {}, written["metadata"]
+    return all(
+        [
+            (now.get("data") or {}) == (written.get("data") or {}),
+            (now.get("binaryData") or {}) == (written.get("binaryData") or {}),
+            (meta.get("labels") or {}) == (wrote.get("labels") or {}),
+            (meta.get("annotations") or {}) == (wrote.get("annotations") or {}),
+        ]
+    )
 
 
 def _pod_info(item: dict[str, Any]) -> PodInfo:

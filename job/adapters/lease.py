@@ -79,19 +79,19 @@ class LeaseLock:
         return self._take("PUT", f"{self._path}/{self.name}", current, str(other or "another run"))
 
     def _written(self, method: str, path: str, body: dict[str, Any]) -> bool:
-        """Write the Lease; False on a 409 (someone else wrote it first). A write tried again may
-        have been done at the first try, its answer lost, and then conflicts with itself: a Lease
-        as this write leaves it (its holder this run's, its times this write's) is that write done."""
-        tries: list[int] = []
+        """Write the Lease; False on a 409 (someone else wrote it first). A retried write that
+        conflicts with its own first try (Kube.write) is done where the Lease is as it leaves it."""
+
+        def done(now: dict[str, Any] | None) -> bool:
+            return now is not None and now.get("spec") == body.get("spec")
+
         try:
-            self.kube.request(method, path, body=body, tries=tries)
+            self.kube.write(method, path, body, f"{self._path}/{self.name}", done)
             return True
         except KubeError as error:
             if error.status != 409:
                 raise
-            if len(tries) == 1:
-                return False
-        return self.kube.request("GET", f"{self._path}/{self.name}").get("spec") == body.get("spec")
+            return False
 
     def _take(self, method: str, path: str, body: dict[str, Any], other: str) -> str | None:
         if not self._written(method, path, body):

@@ -82,6 +82,23 @@ def test_a_report_larger_than_a_configmap_is_split_and_read_back_whole(harness: 
     assert refused.value.status == 422
 
 
+def test_a_part_whose_answer_was_lost_is_written_once_and_the_report_kept(harness: Harness) -> None:
+    """The create of a part, then the update of another, are carried out and their answers lost:
+    each retry conflicts with its own first try (409), which is the write done, not a race lost."""
+    store = keeper(harness)
+    store.keep(document("first", "2026-11-30T10:00:00Z"))
+    configmaps = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    harness.kubeapi.lose("POST", f"^{configmaps}$")  # the second slot's first part
+    harness.kubeapi.lose("PUT", f"^{configmaps}/{part_name(0, 0)}$")  # the first slot, reused
+    big = document("second", "2026-11-30T11:00:00Z", noise(PART_BYTES))
+    assert store.keep(big) == f"{NAMESPACE}/{part_name(1, 0)}"
+    third = document("third", "2026-11-30T12:00:00Z")
+    with_slots = keeper(harness, slots=2)
+    assert with_slots.keep(third) == f"{NAMESPACE}/{part_name(0, 0)}"
+    assert [loss.times for loss in harness.kubeapi.losses] == [0, 0], "both answers were lost"
+    assert store.fetch("second") == big and store.fetch("third") == third
+
+
 def test_a_smaller_report_in_a_reused_slot_empties_the_parts_it_does_not_need(harness: Harness) -> None:
     store = keeper(harness, slots=1)
     store.keep(document("big", "2026-11-30T10:00:00Z", noise(3 * PART_BYTES)))

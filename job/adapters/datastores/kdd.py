@@ -602,22 +602,21 @@ class KddDatastore:
         return self._send("DELETE", path, body, path) is not None
 
     def _send(self, method: str, path: str, body: dict[str, Any], at: str) -> dict[str, Any] | None:
-        """The answer to a write, None on a conflict (409; 404: gone). A write tried again may have
-        been done at the first try, its answer lost, and then conflicts with itself: where a retried
-        one conflicts, the object at `at` is read, and one as the write leaves it (gone, for a
-        DELETE) is the write done."""
-        tries: list[int] = []
+        """The answer to a write, None on a conflict (409; 404: gone). A retried write that
+        conflicts with its own first try (Kube.write) is done where the object is as it leaves it:
+        gone, for a DELETE; else holding the spec written, as the API server stores it."""
+
+        def done(now: dict[str, Any] | None) -> bool:
+            if method == "DELETE":
+                return now is None
+            return now is not None and _pruned(now.get("spec")) == _pruned(body.get("spec"))
+
         try:
-            return self._kube.request(method, path, body=body, tries=tries)
+            return self._kube.write(method, path, body, at, done)
         except KubeError as error:
-            if error.status not in (404, 409):
-                raise
-            if len(tries) == 1:
+            if error.status in (404, 409):
                 return None
-        now = self._get_found(at)
-        if method == "DELETE":
-            return {} if now is None else None
-        return now if now is not None and _pruned(now.get("spec")) == _pruned(body.get("spec")) else None
+            raise
 
     def close(self) -> None:
         pass
