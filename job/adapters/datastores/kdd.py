@@ -624,7 +624,9 @@ class KddDatastore:
 
 def _pruned(value: Any) -> Any:
     """`value` as the API server stores it: a null of an object's field is dropped where the
-    schema does not mark it nullable (an allocation's null, an item of a list, stays)."""
+    schema neither marks it nullable nor gives it a default (apiextensions-apiserver's
+    `PruneNonNullableNullsWithoutDefaults`); an item of a list, such as an allocation's null,
+    stays. A defaulted null differs here, so such a write reads as a conflict: safe, re-planned."""
     if isinstance(value, dict):
         return {key: _pruned(item) for key, item in value.items() if item is not None}
     if isinstance(value, list):
