@@ -482,7 +482,7 @@ def test_events_say_what_was_done_where_kubectl_describe_looks(harness: Harness)
     on_nodes = {(e["involvedObject"]["name"], e["reason"], e["type"]): e for e in events(harness, "default")}
     stuck = on_nodes[(s.NEW_NODE, "CalicoNetworkUnavailable", "Warning")]
     assert "NetworkUnavailable for 60m" in stuck["message"] and "ip_conflict_orphan" in stuck["message"]
-    assert "next: " in stuck["message"] and stuck["metadata"]["name"].startswith("calico-gc-")
+    assert "next: " in stuck["message"] and stuck["metadata"]["name"].startswith(f"{s.NEW_NODE}.")
     removed = on_nodes[(s.NEW_NODE, "CalicoOrphanRemoved", "Normal")]
     assert s.CONFLICT_ORPHAN in removed["message"] and "10.0.1.13" in removed["message"]
     on_pod = [e for e in events(harness, "calico-gc") if e["involvedObject"] == {
@@ -535,6 +535,20 @@ def test_a_refused_run_says_why_on_its_pod_and_events_can_be_switched_off(harnes
     harness.seed(scenario)
     harness.run(harness.config(apply=True, events=False))
     assert events(harness, "calico-gc") == []
+
+
+def test_an_event_whose_answer_was_lost_is_posted_once(harness: Harness) -> None:
+    """The API server creates the first Event and its answer is lost: the retry finds the name
+    taken (409) by that very Event, which is posted, once, and no error."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    harness.kubeapi.lose("POST", "/events$")
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["errors"] == [] and harness.kubeapi.losses[0].times == 0
+    posted = events(harness, "calico-gc") + events(harness, "default")
+    assert sorted(e["reason"] for e in posted) == ["CalicoHostDeleted", "CalicoHostDeleted", "CalicoOrphanRemoved"]
+    assert len({e["metadata"]["name"] for e in posted}) == 3
+    assert harness.kubeapi.count("POST", "/events$") == 4, "the first tried twice"
 
 
 def test_events_that_cannot_be_posted_only_warn(harness: Harness) -> None:
