@@ -47,6 +47,7 @@ K8S_NODE_RECREATED = "k8s_node_recreated"
 LOCK_LOST = "lock_lost"
 INTERRUPTED = "interrupted"
 ALREADY_GONE = "already_gone"  # removed by someone else (another run, calicoctl) meanwhile
+CALICO_NODE_WRITTEN = "calico_node_written"  # its Calico Node written meanwhile: a calico-node back?
 UNEXPECTED = "unexpected"
 
 
@@ -112,16 +113,22 @@ def apply_host(
             _log_step(host, done)
             committed.append(done)
 
-    current: HostDecision | None = decision
-    for _ in range(MAX_REPLANS):
-        assert current is not None
-        # Before the first write, and again after each conflict: a conflict may be the sign of a
-        # Node that came back, its calico-node writing its own data again.
+    def recheck() -> HostDecision | None:
+        """The host's outcome where its Node is back (or cannot be checked); None where it is gone."""
         try:
             if nodes.node_exists(link):
                 return outcome(Action.SKIPPED, K8S_NODE_RECREATED)
         except KubeError as error:
             return outcome(Action.FAILED, "k8s_recheck_failed", str(error))
+        return None
+
+    current: HostDecision | None = decision
+    for _ in range(MAX_REPLANS):
+        assert current is not None
+        # Before the first write, and again after each conflict: a conflict may be the sign of a
+        # Node that came back, its calico-node writing its own data again.
+        if (back := recheck()) is not None:
+            return back
         try:
             current = with_befores(current, datastore)
             for step in current.steps:
@@ -141,6 +148,7 @@ def apply_host(
             now = datastore.current(sorted(key for key in keys if not key.endswith("/")))
             inventory = refreshed(inventory, now, keys, host)
             index = reindexed(index or run_index(), inventory, keys)
+            planned = current.host.node
             current = replan_host(inventory, current, index)
         except DatastoreError as error:
             return outcome(Action.FAILED, "datastore_error", str(error))
@@ -150,6 +158,10 @@ def apply_host(
             return outcome(Action.DELETED, decision.reason)
         if current.action is Action.SKIPPED:
             return outcome(Action.SKIPPED, current.reason, current.error)
+        if planned is not None and current.host.node is not None and current.host.node.revision != planned.revision:
+            # Whoever wrote it may be a calico-node back, under this Node's name or another's: the
+            # next run reads its orchRef afresh and decides from that.
+            return recheck() or outcome(Action.SKIPPED, CALICO_NODE_WRITTEN)
     return outcome(Action.FAILED, "conflicts_persisted", f"data kept changing over {MAX_REPLANS} re-reads")
 
 

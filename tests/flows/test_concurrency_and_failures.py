@@ -234,6 +234,30 @@ def test_a_node_back_while_its_writes_conflict_is_checked_again_before_the_next_
     assert {c["key"] for c in restorable["changes"]} <= set(written)
 
 
+def test_a_calico_node_written_during_the_run_is_not_deleted_by_it(harness: Harness) -> None:
+    """The orphan's Calico Node is rewritten, mid-run, by a calico-node whose Kubernetes Node has
+    another name (its orchRef now names a live Node). The re-plan after the conflict knows the
+    host by what the read parsed of it: a Calico Node written meanwhile is left to the next run,
+    which reads its orchRef afresh (and finds it live)."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    node_key = next(k for k in scenario.seed.keys if k.endswith(f"/nodes/{s.POD_ORPHAN}"))
+    rewritten = json.loads(scenario.seed.keys[node_key])
+    rewritten["spec"]["orchRefs"] = [{"nodeName": s.LIVE[0], "orchestrator": "k8s"}]
+
+    def calico_node_rewrites_it() -> None:
+        calico.load(harness.etcd.url, {node_key: json.dumps(rewritten)})
+
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", calico_node_rewrites_it)
+    report, code = harness.run(harness.config(apply=True))
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    assert code == 0 and (entry["action"], entry["reason"]) == ("skipped", "calico_node_written")
+    assert json.loads(harness.dump()[node_key][0]) == rewritten
+    assert entry["changes"] and node_key not in [c["key"] for c in entry["changes"]]
+    again, _ = harness.run(harness.config(apply=True))
+    assert s.POD_ORPHAN not in hosts_by_name(again), "live now, by its new orchRef"
+
+
 def test_recheck_that_keeps_failing_marks_the_host_failed_exit_4(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
     harness.kubeapi.fail("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", 500, times=100)
