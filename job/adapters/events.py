@@ -37,7 +37,7 @@ def events_for(report: dict[str, Any], namespace: str, pod: str | None, now: dat
         # Named as client-go's recorder names an Event (`<object>.<hex nanoseconds>`), one
         # nanosecond apart within a run: a create tried again is then refused (409) rather than
         # posted twice, and taken as done (post_events).
-        named = f"{name[: MAX_NAME - 17]}.{nanos + len(found):x}"
+        named = f"{name[: MAX_NAME - 17]}.{nanos + len(found):x}"  # "." and 16 hex digits
         found.append(
             {
                 "apiVersion": "v1",

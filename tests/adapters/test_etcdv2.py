@@ -112,19 +112,24 @@ def test_cas_conflict_rereads_and_decides_again(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize(
-    "request_line",
+    ("request_line", "host"),
     [
-        b"DELETE /v2/keys/calico/ipam/v2/handle/shop.cart-2?",
-        b"PUT /v2/keys/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26?",
+        (b"DELETE /v2/keys/calico/ipam/v2/handle/shop.cart-2?", ORPHAN),
+        (b"PUT /v2/keys/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26?", ORPHAN),
+        (b"DELETE /v2/keys/calico/bgp/v1/host/ghost-host/?", "ghost-host"),
     ],
-    ids=["delete", "update"],
+    ids=["delete", "update", "directory"],
 )
 def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(
-    harness: Harness, request_line: bytes
+    harness: Harness, request_line: bytes, host: str
 ) -> None:
     """etcd does the write, and the connection drops before its answer: the retry's compare fails
-    (412, or 404 for a delete) on the write's own doing, which is a write done, not a conflict."""
+    (412, or 404 for a delete or an empty directory's) on the write's own doing, which is a write
+    done, not a conflict, and the report lists it as the plan had it."""
     seeded(harness)
+    calico2._session().put(
+        f"{harness.etcd.url}/v2/keys/calico/bgp/v1/host/ghost-host/ip_addr_v4", data={"value": "10.0.9.9"}
+    )  # BGP keys of a name with no Calico host: removed with their directory
     planned, _ = harness.run(v2(harness))  # type: ignore[arg-type]
     link = CutLink(harness.etcd.client_port, lose_answer_to=request_line)
     try:
@@ -133,11 +138,12 @@ def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_wr
     finally:
         link.close()
     assert link.lost.is_set(), "the answer to the write was lost"
-    entry = hosts_by_name(report)[ORPHAN]
+    entry = hosts_by_name(report)[host]
     assert code == 0 and entry["action"] == "deleted"
     written = [(c["key"], c["op"], c["step"]) for c in entry["changes"]]
-    assert written == [(c["key"], c["op"], c["step"]) for c in hosts_by_name(planned)[ORPHAN]["changes"]]
-    assert not mine(calico2.dump(harness.etcd.url), ORPHAN)
+    assert written == [(c["key"], c["op"], c["step"]) for c in hosts_by_name(planned)[host]["changes"]]
+    assert not mine(calico2.dump(harness.etcd.url), host)
+    assert not [d for d in calico2.directories(harness.etcd.url) if host in d]
 
 
 def test_etcd_down_mid_run_fails_the_host_and_leaves_blocks_whole(harness: Harness) -> None:

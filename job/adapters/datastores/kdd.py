@@ -573,9 +573,6 @@ class KddDatastore:
                     return applied
             except KubeError as error:
                 raise DatastoreError(f"{write.key}: {error}", applied=applied) from error
-            except DatastoreError as error:
-                error.applied = applied
-                raise
         return len(step.writes)
 
     def _write(self, write: Write) -> bool:
@@ -585,26 +582,27 @@ class KddDatastore:
         if write.revision == CREATE:
             assert write.value is not None, "a create carries a value"
             created = self._created(plural, name, write.value)
-            return self._send("POST", self.group.path(plural), created, path) is not None
+            return self._send("POST", path, created) is not None
         if write.value is not None:
             body = self._object(plural, write.key, write.revision, json.loads(write.value))
-            return self._send("PUT", path, body, path) is not None
+            return self._send("PUT", path, body) is not None
         uid, revision = self._metadata.get(write.key, {}).get("uid"), str(write.revision)
         mark = _MARKS.get(plural)
         if mark is not None:  # tombstone or pendingDeletion first, as Calico does
             spec = mark(json.loads(write.final or write.before or "{}"))
-            marked = self._send("PUT", path, self._object(plural, write.key, write.revision, spec), path)
+            marked = self._send("PUT", path, self._object(plural, write.key, write.revision, spec))
             if marked is None:
                 return False
             uid, revision = marked["metadata"].get("uid", uid), marked["metadata"]["resourceVersion"]
         preconditions = {"uid": uid, "resourceVersion": revision}
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
-        return self._send("DELETE", path, body, path) is not None
+        return self._send("DELETE", path, body) is not None
 
-    def _send(self, method: str, path: str, body: dict[str, Any], at: str) -> dict[str, Any] | None:
-        """The answer to a write, None on a conflict (409; 404: gone). A retried write that
-        conflicts with its own first try (Kube.write) is done where the object is as it leaves it:
-        gone, for a DELETE; else holding the spec written, as the API server stores it."""
+    def _send(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer to a write of the object at `path` (a POST goes to its collection), None on
+        a conflict (409; 404: gone). A retried write that conflicts with its own first try
+        (Kube.write) is done where the object is as it leaves it: gone, for a DELETE; else holding
+        the spec written, as the API server stores it."""
 
         def done(now: dict[str, Any] | None) -> bool:
             if method == "DELETE":
@@ -612,7 +610,8 @@ class KddDatastore:
             return now is not None and _pruned(now.get("spec")) == _pruned(body.get("spec"))
 
         try:
-            return self._kube.write(method, path, body, at, done)
+            sent_to = path.rsplit("/", 1)[0] if method == "POST" else path
+            return self._kube.write(method, sent_to, body, path, done)
         except KubeError as error:
             if error.status in (404, 409):
                 return None
