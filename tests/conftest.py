@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -187,3 +187,25 @@ def harness(etcd: EtcdServer, kubeapi: KubeApiServer, tmp_path: Path) -> Harness
 
 def hosts_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {h["name"]: h for h in report["hosts"]}
+
+
+def down_at_the_first_write(harness: Harness, stop: Callable[[], None]) -> None:
+    """`stop` the datastore's server as the run's first write starts: each write from then on
+    finds no connection (refused)."""
+    dependencies = harness.dependencies
+    stopped: list[bool] = []
+
+    def stopping(config: Config, **kwargs: Any) -> Dependencies:
+        made = dependencies(config, **kwargs)
+        commit = made.datastore.commit
+
+        def commit_with_the_server_down(step: Any) -> int:
+            if not stopped:
+                stopped.append(True)
+                stop()
+            return commit(step)
+
+        made.datastore.commit = commit_with_the_server_down  # type: ignore[method-assign]
+        return made
+
+    harness.dependencies = stopping

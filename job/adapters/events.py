@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from job.adapters.kube import Kube, KubeError
+from job.adapters.kube import UNANSWERED, Kube, KubeError
 from job.core.health import unavailable_seconds
 
 COMPONENT = "calico-gc"
@@ -119,7 +119,7 @@ def post_events(kube: Kube, events: list[dict[str, Any]]) -> str | None:
         except KubeError as error:
             # Its name is this run's: a create tried again and refused as taken (409) meets its
             # own first try, done, its answer lost. (Asked nothing more: the Role grants create only.)
-            if not (error.status == 409 and len(tries) > 1):
+            if not (error.status == 409 and UNANSWERED in tries):
                 failure = failure or f"Events not posted: {error}"
     return failure
 

@@ -41,6 +41,7 @@ T = TypeVar("T")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
+ANSWERED, UNANSWERED = 0, 1  # what became of a try (Kube.request's `tries`)
 REQUEST_TIMEOUT_S = 30
 # Connections kept to the API server: the client's default is 5 a CPU of the machine (5 on one
 # core), and a run may hold 8 previous-log reads (adapters/health.LOG_READERS), its Lease renewal
@@ -345,6 +346,7 @@ class KubeError(Exception):
         super().__init__(message)
         self.status = status
         self.kind = kind or ("unauthorized" if status in (401, 403) else "unavailable")
+        self.in_doubt = False  # a write (Kube.write) that may have been done: a try went unanswered
 
 
 class Conflict(KubeError):
@@ -490,14 +492,17 @@ class Kube:
         tries: list[int] | None = None,
     ) -> dict[str, Any]:
         """One API call with retries; a non-2xx answer raises KubeError with its status. `tries`,
-        where given, gets an entry at each attempt: a write tried twice may have been done at the
-        first, its answer lost."""
+        where given, gets an entry at each attempt: UNANSWERED where it may have reached the
+        server and no answer came that says what was done (none, a 5xx, or not JSON: a write so
+        may have been done, its answer lost), else ANSWERED."""
         text = self.request_bytes(method, path, query, body, tries=tries).decode(errors="replace")
         try:
             data = json.loads(text)
         except (ValueError, RecursionError):
             data = None
         if not isinstance(data, dict):
+            if tries:
+                tries[-1] = UNANSWERED  # an answer, but not one that says what was done
             raise KubeError(
                 f"{method} {path}: {self.host} answered something that is not a Kubernetes JSON object "
                 f"({one_line(text, 60)!r}); is it the API server, or a proxy in between?",
@@ -606,7 +611,7 @@ class Kube:
 
         def attempt() -> bytes:
             if tries is not None:
-                tries.append(len(tries))
+                tries.append(ANSWERED)
             headers = {"Accept": accept}
             if body is not None:
                 headers["Content-Type"] = "application/json"
@@ -618,11 +623,20 @@ class Kube:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response: Any = self._api.call_api(
-                method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT_S
-            )
-            raw: bytes = response.read()
+            try:
+                response: Any = self._api.call_api(
+                    method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT_S
+                )
+                raw: bytes = response.read()
+            except urllib3.exceptions.ConnectTimeoutError:  # no connection made (refused, too slow): not sent
+                raise
+            except (urllib3.exceptions.HTTPError, OSError):
+                if tries is not None:
+                    tries[-1] = UNANSWERED
+                raise
             self._heed(response.headers.getlist("Warning"), method, path)
+            if response.status >= 500 and tries is not None:  # "etcdserver: request timed out", a proxy's 504
+                tries[-1] = UNANSWERED  # an answer that does not say whether the write was done
             if not 200 <= response.status <= 299:
                 said = kube_protobuf.status_json(raw) or raw.decode(errors="replace")
                 raise ApiException.from_response(http_resp=response, body=said, data=None)
@@ -791,17 +805,20 @@ class Kube:
         """A conditional write (`request`): its answer. A write tried again may have been done at
         the first try, its answer lost, and then conflicts with itself (409, or 404 for a DELETE).
         Where a retried one does, the object at `at` is read (None: gone), and where `done` says
-        it is as the write leaves it, it is the answer ({} for a DELETE); else the conflict stands."""
+        it is as the write leaves it, it is the answer ({} for a DELETE); else the conflict stands.
+        A write that fails for good says whether it may have been done all the same (`in_doubt`)."""
         tries: list[int] = []
         try:
             return self.request(method, path, body=body, tries=tries)
         except KubeError as conflict:
-            if conflict.status not in (404, 409) or len(tries) == 1:
+            if conflict.status not in (404, 409) or UNANSWERED not in tries:
+                conflict.in_doubt = UNANSWERED in tries
                 raise
             try:
                 now: dict[str, Any] | None = self.request("GET", at)
             except KubeError as error:
                 if error.status != 404:
+                    error.in_doubt = True  # the first try may have been done, and this cannot tell
                     raise
                 now = None
             if not done(now):

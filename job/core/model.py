@@ -274,6 +274,9 @@ class HostDecision:
     conflict: bool = False
     steps: tuple[Step, ...] = ()
     error: str | None = None
+    # Writes of a failed step that may have been done all the same (no answer came to a try of
+    # them): reported apart from `steps`, and restorable, as a restore acts on what it finds.
+    in_doubt: tuple[Write, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from job.config import Config, format_duration
-from job.core.model import Action, DataProblem, HostDecision, Plan
+from job.core.model import Action, DataProblem, HostDecision, Plan, Write
 
 SCHEMA_VERSION = "calico-gc/report/v1"
 SCHEMA_PATH = Path(__file__).parent.parent / "report.schema.json"  # the report's public contract, at the top
@@ -54,6 +54,9 @@ class RunRecord:
 
 
 def _changes(decision: HostDecision) -> list[dict[str, Any]]:
+    steps: list[tuple[tuple[Write, ...], dict[str, bool]]] = [(step.writes, {}) for step in decision.steps]
+    if decision.in_doubt:  # last, as the step that failed: done or not, a restore finds out
+        steps.append((decision.in_doubt, {"in_doubt": True}))
     return [
         {
             "key": w.key,
@@ -62,9 +65,10 @@ def _changes(decision: HostDecision) -> list[dict[str, Any]]:
             "before": w.before,
             **({"after": w.value} if w.value is not None else {}),
             "step": number,  # writes of one step were one transaction (a restore keeps them together)
+            **doubt,
         }
-        for number, step in enumerate(decision.steps)
-        for w in step.writes
+        for number, (writes, doubt) in enumerate(steps)
+        for w in writes
     ]
 
 

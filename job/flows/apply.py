@@ -27,7 +27,7 @@ from job.core.leaks import (
     LEAK_RELEASED,
     LeakRelease,
 )
-from job.core.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step
+from job.core.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step, Write
 from job.core.plan import (
     HANDLE_CHANGED,
     HANDLE_DEFERRED,
@@ -60,6 +60,13 @@ def _log_step(host: str, step: Step) -> None:
         log.info(
             "write", host=host, op="delete" if write.value is None else "update", key=write.key, revision=write.revision
         )
+
+
+def failure(error: DatastoreError, in_doubt: bool) -> str:
+    """A failed write's error, saying where it may have been done all the same."""
+    if not in_doubt:
+        return str(error)
+    return f"{error}; no answer came to a try of it, so it may have been written: the next run reads what is there"
 
 
 def before_values(datastore: Datastore, wanted: Sequence[tuple[str, int]]) -> dict[str, str]:
@@ -101,10 +108,11 @@ def apply_host(
     host = decision.host.name
     link = k8s_link(decision.host, config) or host
     committed: list[Step] = []
+    in_doubt: tuple[Write, ...] = ()
 
     def outcome(action: Action, reason: str, error: str | None = None) -> HostDecision:
         log.info("host_result", host=host, action=str(action), reason=reason, error=error)
-        return replace(decision, action=action, reason=reason, steps=tuple(committed), error=error)
+        return replace(decision, action=action, reason=reason, steps=tuple(committed), error=error, in_doubt=in_doubt)
 
     def record(step: Step, applied: int) -> None:
         """What really was written, also of a step cut short, so that the report misses nothing."""
@@ -136,6 +144,9 @@ def apply_host(
                     applied = datastore.commit(step)
                 except DatastoreError as error:
                     record(step, error.applied)
+                    in_doubt = step.writes[error.applied : error.applied + error.in_doubt]
+                    for write in in_doubt:
+                        log.warning("write_in_doubt", host=host, key=write.key, revision=write.revision)
                     raise
                 record(step, applied)
                 if applied < len(step.writes):
@@ -151,7 +162,7 @@ def apply_host(
             planned = current.host.node
             current = replan_host(inventory, current, index)
         except DatastoreError as error:
-            return outcome(Action.FAILED, "datastore_error", str(error))
+            return outcome(Action.FAILED, "datastore_error", failure(error, bool(in_doubt)))
         if current is None:
             if not committed:
                 return outcome(Action.SKIPPED, ALREADY_GONE)
@@ -235,7 +246,7 @@ def apply_repairs(
         try:
             applied = datastore.commit(repair.step)
         except DatastoreError as error:
-            errors.append(f"handle {repair.handle_id}: {error}")
+            errors.append(f"handle {repair.handle_id}: {failure(error, bool(error.in_doubt))}")
             done.append(replace(repair, action=HANDLE_FAILED))
             continue
         if applied:
@@ -280,7 +291,7 @@ def apply_leaks(
         try:
             applied = datastore.commit(release.step)
         except DatastoreError as error:
-            errors.append(f"block {release.cidr}: {error}")
+            errors.append(f"block {release.cidr}: {failure(error, bool(error.in_doubt))}")
             actions.update((ip, LEAK_FAILED) for ip in ips)
             continue
         if applied == len(release.step.writes):

@@ -15,7 +15,7 @@ from job.cli import main
 from job.config import EtcdEndpoint
 from job.core.ipam import block_shape_problem
 from job.core.model import ClusterInfo, StoredItem
-from tests.conftest import Harness, hosts_by_name
+from tests.conftest import Harness, down_at_the_first_write, hosts_by_name
 from tests.support import calico2
 from tests.support.calico2 import BACKLOG, CONFLICT_ORPHAN, LIVE, NEW_NODE, ORPHAN, kops_18_cluster
 from tests.support.cut_link import CutLink
@@ -146,6 +146,45 @@ def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_wr
     assert not [d for d in calico2.directories(harness.etcd.url) if host in d]
 
 
+def lost_answers(harness: Harness, request_line: bytes) -> tuple[dict[str, object], int, CutLink]:
+    """An apply run in which every try of the request that starts with `request_line` loses its answer."""
+    link = CutLink(harness.etcd.client_port, lose_answer_to=request_line, losses=harness.retry.attempts)
+    try:
+        config = replace(v2(harness, apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))  # type: ignore[type-var]
+        report, code = harness.run(config)
+    finally:
+        link.close()
+    assert link.doomed == harness.retry.attempts, "every try of the write lost its answer"
+    return report, code, link
+
+
+def test_a_write_whose_every_answer_was_lost_is_reported_in_doubt(harness: Harness) -> None:
+    """The block's PUT is done at the first try, and no try gets its answer: the host fails, and
+    the report lists the PUT apart, in doubt, after the writes whose answers came."""
+    seeded(harness)
+    block = "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"
+    report, code, _ = lost_answers(harness, f"PUT /v2/keys{block}?".encode())
+    entry = hosts_by_name(report)[ORPHAN]
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    doubted = [c for c in entry["changes"] if c.get("in_doubt")]
+    assert [c["key"] for c in doubted] == [block] and doubted[0]["before"] is not None
+    assert doubted[0]["step"] == max(c["step"] for c in entry["changes"])
+    assert calico2.dump(harness.etcd.url)[block][0] == doubted[0]["after"], "it was done"
+
+
+def test_a_host_whose_directories_could_not_be_removed_reports_its_calico_node_deleted(harness: Harness) -> None:
+    """The Calico Node's keys are deleted; the empty directory left after them cannot be: the
+    host fails, and the report still lists the keys that were deleted, for a restore."""
+    seeded(harness)
+    report, code, _ = lost_answers(harness, f"DELETE /v2/keys/calico/v1/host/{ORPHAN}?dir=true".encode())
+    entry = hosts_by_name(report)[ORPHAN]
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    written = {c["key"] for c in entry["changes"] if not c.get("in_doubt")}
+    assert f"/calico/v1/host/{ORPHAN}/metadata" in written
+    assert not [c for c in entry["changes"] if c.get("in_doubt")], "directories are not data"
+    assert f"/calico/v1/host/{ORPHAN}/metadata" not in calico2.dump(harness.etcd.url)
+
+
 def test_etcd_down_mid_run_fails_the_host_and_leaves_blocks_whole(harness: Harness) -> None:
     seeded(harness)
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{ORPHAN}$", harness.etcd.stop)
@@ -155,6 +194,20 @@ def test_etcd_down_mid_run_fails_the_host_and_leaves_blocks_whole(harness: Harne
     for key, (value, _) in calico2.dump(harness.etcd.url).items():
         if "/assignment/" in key:
             assert block_shape_problem(json.loads(value)) is None
+
+
+def test_a_write_that_found_no_connection_is_not_in_doubt(harness: Harness) -> None:
+    """etcd refuses the connection at every try of the first write: it never reached etcd, so
+    the failed host's report lists nothing, in doubt or not."""
+    seeded(harness)
+    down_at_the_first_write(harness, harness.etcd.stop)
+    try:
+        report, code = harness.run(v2(harness, apply=True))  # type: ignore[arg-type]
+    finally:
+        harness.etcd.start()
+    failed = [h for h in report["hosts"] if h["action"] == "failed"]
+    assert code == 4 and failed and all(h["reason"] == "datastore_error" for h in failed)
+    assert all(h["changes"] == [] and "may have been written" not in h["error"] for h in failed)
 
 
 def test_ready_false_means_locked_and_refuses(harness: Harness) -> None:

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import ipaddress
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,9 +15,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from job.core.report import MAX_WARNINGS, SCHEMA_PATH, render_text
-from tests.conftest import Harness, hosts_by_name
+from tests.conftest import Harness, down_at_the_first_write, hosts_by_name
 from tests.support import crds, objects
 from tests.support.calico import CalicoSeed
+from tests.support.cut_link import CutLink
 from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
 
@@ -377,6 +379,66 @@ def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_wr
     assert [(c["key"], c["op"], c["step"]) for c in entry["changes"]] == [
         (c["key"], c["op"], c["step"]) for c in hosts_by_name(planned)[GONE]["changes"]
     ]
+
+
+def test_a_write_whose_every_answer_was_lost_is_reported_in_doubt(harness: Harness, group: Group) -> None:
+    """The lending block's PUT is done at the first try and no try gets its answer: the host
+    fails, and the report lists the PUT apart, in doubt, as the last of its writes."""
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.lose("PUT", f"^{group.path}/ipamblocks/100-96-8-0-26$", times=harness.retry.attempts)
+    report, code = harness.run(kdd(harness, apply=True))
+    entry = hosts_by_name(report)[GONE]
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    assert "it may have been written" in entry["error"]
+    doubted = [c for c in entry["changes"] if c.get("in_doubt")]
+    assert [c["key"] for c in doubted] == ["ipamblocks/100-96-8-0-26"] and doubted[0]["before"] is not None
+    assert doubted[0]["step"] == max(c["step"] for c in entry["changes"])
+    stored = snapshot(harness.kubeapi, group)["ipamblocks/100-96-8-0-26"]["spec"]
+    assert stored["allocations"] == json.loads(doubted[0]["after"])["allocations"], "it was done"
+
+
+@pytest.mark.parametrize("status", [500, 504])
+def test_a_write_answered_5xx_at_every_try_is_reported_in_doubt(harness: Harness, group: Group, status: int) -> None:
+    """A 5xx does not say whether the write was done ("etcdserver: request timed out" commits
+    later, a proxy's 504 hides the answer): a write that only ever got one is in doubt."""
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.fail("PUT", f"^{group.path}/ipamblocks/100-96-8-0-26$", status, times=harness.retry.attempts)
+    report, code = harness.run(kdd(harness, apply=True))
+    entry = hosts_by_name(report)[GONE]
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    assert [c["key"] for c in entry["changes"] if c.get("in_doubt")] == ["ipamblocks/100-96-8-0-26"]
+
+
+def test_a_block_tombstoned_whose_delete_is_refused_is_reported_in_doubt(harness: Harness, group: Group) -> None:
+    """A block is deleted as Calico deletes it, a tombstone first: where the DELETE after it is
+    refused, the block is half deleted, and the report says so (in doubt), not nothing."""
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.fail("DELETE", f"^{group.path}/ipamblocks/100-96-9-0-26$", 422)
+    report, code = harness.run(kdd(harness, apply=True))
+    entry = hosts_by_name(report)[GONE]
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    doubted = [(c["key"], c["op"]) for c in entry["changes"] if c.get("in_doubt")]
+    assert doubted == [("ipamblocks/100-96-9-0-26", "delete")]
+    assert snapshot(harness.kubeapi, group)["ipamblocks/100-96-9-0-26"]["spec"]["deleted"] is True
+
+
+def test_a_write_that_found_no_connection_is_not_in_doubt(harness: Harness, group: Group) -> None:
+    """The API server is gone at the host's first write: no try of it reached the server, so the
+    failed host's report lists nothing, in doubt or not."""
+    seed_kdd(harness.kubeapi, group)
+    assert harness.kubeapi._server is not None
+    link = CutLink(harness.kubeapi._server.server_port)
+    kubeconfig = json.loads(harness.kubeapi.write_kubeconfig(harness.tmp / "kubeconfig-linked").read_text())
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{link.port}"
+    (harness.tmp / "kubeconfig-linked").write_text(json.dumps(kubeconfig))
+    down_at_the_first_write(harness, link.sever)  # every connection dropped, and new ones refused
+    try:
+        report, code = harness.run(replace(kdd(harness, apply=True), kubeconfig=(harness.tmp / "kubeconfig-linked",)))
+    finally:
+        link.close()
+    entry = hosts_by_name(report)[GONE]
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    assert entry["changes"] == [] and "may have been written" not in entry["error"]
 
 
 def before_keys(report: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from job.adapters.state import ConfigMapStateStore
 from job.config import Config, EtcdEndpoint
 from job.core.ipam import block_shape_problem
 from job.flows.run import Dependencies
-from tests.conftest import Harness, hosts_by_name, no_sleep_retry
+from tests.conftest import Harness, down_at_the_first_write, hosts_by_name, no_sleep_retry
 from tests.support import calico
 from tests.support import scenario as s
 from tests.support.cut_link import CutLink
@@ -28,6 +28,7 @@ from tests.support.etcd_server import EtcdServer, make_tls_files
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
 CONFIGMAPS = "/api/v1/namespaces/calico-gc/configmaps"
+ORPHAN_BLOCK_KEY = "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"  # the pod orphan's block
 
 
 def lease(holder: str, renewed: str, seconds: int = 3600) -> dict[str, object]:
@@ -402,17 +403,24 @@ def test_link_to_etcd_cut_in_the_middle_of_the_read_is_a_clear_error_and_writes_
     assert report["hosts"] == [] and harness.dump() == before
 
 
-def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(harness: Harness) -> None:
-    """etcd commits the first write of a host, and the connection drops before its answer. The
-    retry's compare then fails on that write's own keys: it is a write done, not a conflict."""
-    harness.seed(s.kops_cluster())
-    planned, _ = harness.run(harness.config())
-    link = CutLink(harness.etcd.client_port, lose_answer_to=b'"cidr":"100.96.20.0/26"')
+def applied_losing_answers(harness: Harness, marker: bytes, losses: int = 1) -> tuple[dict[str, Any], int, CutLink]:
+    """An apply run through a link to etcd that loses the answers to the first `losses` requests
+    holding `marker` (CutLink)."""
+    link = CutLink(harness.etcd.client_port, lose_answer_to=marker, losses=losses)
     try:
         config = replace(harness.config(apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))
         report, code = harness.run(config)
     finally:
         link.close()
+    return report, code, link
+
+
+def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(harness: Harness) -> None:
+    """etcd commits the first write of a host, and the connection drops before its answer. The
+    retry's compare then fails on that write's own keys: it is a write done, not a conflict."""
+    harness.seed(s.kops_cluster())
+    planned, _ = harness.run(harness.config())
+    report, code, link = applied_losing_answers(harness, b'"cidr":"100.96.20.0/26"')
     entry = hosts_by_name(report)[s.POD_ORPHAN]
     assert link.lost.is_set(), "the answer to the block's write was lost"
     assert code == 0 and (entry["action"], entry["reason"]) == ("deleted", "k8s_node_missing")
@@ -423,3 +431,48 @@ def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_wr
         "the report lists every write, the one whose answer was lost too, as the plan had them"
     )
     assert calico.ipam_problems({k: v for k, (v, _) in harness.dump().items()}) == []
+
+
+@pytest.mark.parametrize("done", [True, False], ids=["done", "not-done"])
+def test_a_write_whose_every_answer_was_lost_is_reported_in_doubt_and_a_restore_finds_out(
+    harness: Harness, done: bool
+) -> None:
+    """No try of a host's block write gets its answer: the first commits, the retries conflict
+    with it unanswered, and the host fails. The report lists the write apart, in doubt, and a
+    restore acts on what it finds: the IPs back where it was done, nothing where it was not."""
+    harness.seed(s.kops_cluster())
+    seeded = {k: v for k, (v, _) in harness.dump().items()}
+    report, code, link = applied_losing_answers(harness, b'"cidr":"100.96.20.0/26"', harness.retry.attempts)
+    entry = hosts_by_name(report)[s.POD_ORPHAN]
+    # Every try that reached etcd lost its answer (gRPC may fail one fast, unsent, as it reconnects).
+    assert link.lost.is_set() and 1 <= link.doomed <= harness.retry.attempts
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    assert "it may have been written" in entry["error"]
+    doubted = [c for c in entry["changes"] if c.get("in_doubt")]
+    assert ORPHAN_BLOCK_KEY in {c["key"] for c in doubted}, "the write in doubt is reported"
+    assert {c["step"] for c in doubted} == {max(c["step"] for c in entry["changes"])}, "apart, as the last step"
+    assert all(c["before"] is not None for c in doubted)
+    assert harness.dump()[ORPHAN_BLOCK_KEY][0] != seeded[ORPHAN_BLOCK_KEY], "the first try was done"
+    if not done:  # as if it had not been: the transaction's keys as they were
+        calico.load(harness.etcd.url, {c["key"]: seeded[c["key"]] for c in doubted})
+    harness.kubeapi.delete_node(s.NEW_NODE)  # else the other orphan's address is its, and stays away
+    document, code = harness.restore(harness.config(apply=True), source=report)
+    restored = {h["name"]: h for h in document["hosts"]}[s.POD_ORPHAN]
+    assert code == 0 and (ORPHAN_BLOCK_KEY in {c["key"] for c in restored["changes"]}) is done
+    now = {k: v for k, (v, _) in harness.dump().items()}
+    assert calico.semantic(now) == calico.semantic(seeded) and calico.ipam_problems(now) == []
+
+
+def test_a_write_that_found_no_connection_is_not_in_doubt(outage: Harness) -> None:
+    """etcd refuses the connection at every try of the first write: it never reached etcd, so
+    the failed host's report lists nothing, in doubt or not, and says nothing of it maybe done."""
+    harness = outage
+    harness.seed(s.kops_cluster())
+    before = harness.dump()
+    down_at_the_first_write(harness, harness.etcd.stop)
+    report, code = harness.run(harness.config(apply=True))
+    failed = [h for h in report["hosts"] if h["action"] == "failed"]
+    assert code == 4 and failed and all(h["reason"] == "datastore_error" for h in failed)
+    assert all(h["changes"] == [] and "may have been written" not in h["error"] for h in failed)
+    harness.etcd.start()
+    assert harness.dump() == before

@@ -28,17 +28,21 @@ class CutLink:
     """Relays 127.0.0.1:<port> to a target; after `cut_after` bytes sent back to clients, it
     drops every connection and refuses new ones, as a network partition would.
 
-    `lose_answer_to`: the answer to the first request whose bytes hold it is lost. The request
-    reaches the server, and once the server answers, that connection is dropped unanswered (a
-    timeout or a reset after the server acted); new connections are relayed as before. On
-    HTTP/2 (gRPC) the answer is the first HEADERS or DATA frame the server sends after the
-    request: the frames before it (PING, SETTINGS, WINDOW_UPDATE) are the transport's, sent
-    before the server has acted."""
+    `lose_answer_to`: the answers to the first `losses` requests (one by default) whose bytes
+    hold it are lost. Such a request reaches the server, and once the server answers, that
+    connection is dropped unanswered (a timeout or a reset after the server acted); new
+    connections are relayed as before. On HTTP/2 (gRPC) the answer is the first HEADERS or DATA
+    frame the server sends after the request: the frames before it (PING, SETTINGS,
+    WINDOW_UPDATE) are the transport's, sent before the server has acted."""
 
-    def __init__(self, target_port: int, cut_after: int | None = None, lose_answer_to: bytes | None = None) -> None:
+    def __init__(
+        self, target_port: int, cut_after: int | None = None, lose_answer_to: bytes | None = None, losses: int = 1
+    ) -> None:
         self.target_port = target_port
         self.cut_after = cut_after
         self.lose_answer_to = lose_answer_to
+        self.losses = losses
+        self.doomed = 0  # requests that held the marker, so far
         self.lost = threading.Event()  # an answer was lost
         self._doomed: set[socket.socket] = set()  # clients whose next answer is lost
         self._http2: set[socket.socket] = set()  # clients that spoke HTTP/2
@@ -74,14 +78,15 @@ class CutLink:
                 if not data:
                     break
                 marker = self.lose_answer_to
-                if marker and not to_client and not self.lost.is_set():
+                if marker and not to_client and self.doomed < self.losses:
                     seen = (seen + data)[-len(data) - len(marker) :]
                     if data.startswith(HTTP2_PREFACE):
                         with self._lock:
                             self._http2.add(source)
-                    if marker in seen:
+                    if marker in seen and source not in self._doomed:
                         with self._lock:
                             self._doomed.add(source)
+                            self.doomed += 1
                 if marker and to_client and sink in self._http2:
                     frames += data
                     data, frames, answered = _whole_frames(frames, sink in self._doomed)
@@ -113,9 +118,13 @@ class CutLink:
             sock.close()
 
     def sever(self) -> None:
+        """Drop every connection at once (shut down, so that the other end sees it now, not when a
+        relaying thread next wakes) and refuse new ones."""
         self.cut.set()
         with self._lock:
             for sock in [self._listener, *self._sockets]:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
                 with suppress(OSError):
                     sock.close()
 

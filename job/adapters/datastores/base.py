@@ -27,10 +27,13 @@ class DatastoreError(Exception):
     """The datastore could not be read or written (after retries, for transient causes): the one
     error every adapter raises. `kind` is the report's error kind."""
 
-    def __init__(self, message: str, kind: str = "unavailable", applied: int = 0) -> None:
+    def __init__(self, message: str, kind: str = "unavailable", applied: int = 0, in_doubt: int = 0) -> None:
         super().__init__(message)
         self.kind = kind
         self.applied = applied  # writes of the step in hand that were applied before it failed
+        # Writes after those that may have been done all the same: a try went unanswered (a
+        # timeout, a dropped connection) and no later one could tell. For a single call, 1 or 0.
+        self.in_doubt = in_doubt
 
 
 class DatastoreMismatch(DatastoreError):

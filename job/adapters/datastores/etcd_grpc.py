@@ -104,10 +104,11 @@ def failure(error: grpc.RpcError, url: str, method: str, timeout_s: float) -> Tr
                 f"{url} answered without HTTP/2, not etcd's gRPC API (an HTTP/1 server or proxy?); {ENDPOINTS_HINT}",
                 "bad_answer",
             )
+        # No connection was made: the request cannot have reached etcd.
         if any(closed in said for closed in ("socket closed", "handshake read failed", "connection reset")):
             hint = "a plaintext port? then http://" if https else "a TLS port? then https:// with ETCD_CA_CERT_FILE"
-            return Transient(f"etcd at {url} did not answer: the connection was closed at once ({hint})")
-        return Transient(f"etcd at {url} did not answer: {reason}")
+            return Transient(f"etcd at {url} did not answer: the connection was closed at once ({hint})", sent=False)
+        return Transient(f"etcd at {url} did not answer: {reason}", sent=False)
     if code == grpc.StatusCode.UNAVAILABLE or (
         code == grpc.StatusCode.RESOURCE_EXHAUSTED and "too many requests" in said
     ):
@@ -305,7 +306,11 @@ class EtcdGrpc:
         answer = self._call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations), tries)
         if answer.succeeded or len(tries) == 1:
             return bool(answer.succeeded)
-        now = {kv.key: kv.value for kv in self.get([key for key, _, _ in writes], 0)}
+        try:
+            now = {kv.key: kv.value for kv in self.get([key for key, _, _ in writes], 0)}
+        except DatastoreError as error:
+            error.in_doubt = 1  # the transaction's first try may have committed, and this cannot tell
+            raise
         return all(now.get(key) == value for key, _, value in writes)
 
     def close(self) -> None:

@@ -307,8 +307,12 @@ class EtcdV2Datastore:
                 error.applied = applied
                 raise
         # The Calico Node step (metadata, then orchestrator_refs): the host's empty directories go.
-        for host in sorted({w.key[len(HOSTS) :].split("/", 1)[0] for w in step.writes if _is_identity(w.key)}):
-            self._prune(host)
+        try:
+            for host in sorted({w.key[len(HOSTS) :].split("/", 1)[0] for w in step.writes if _is_identity(w.key)}):
+                self._prune(host)
+        except DatastoreError as error:  # the step's writes are done: only directories may be left
+            error.applied, error.in_doubt = len(step.writes), 0
+            raise
         return len(step.writes)
 
     def _write(self, write: Write) -> bool:
@@ -333,7 +337,11 @@ class EtcdV2Datastore:
             return True
         if len(tries) == 1:
             return False
-        node = self._get(write.key)
+        try:
+            node = self._get(write.key)
+        except DatastoreError as error:
+            error.in_doubt = 1  # the write's first try may have been done, and this cannot tell
+            raise
         return (node.value if node is not None and not node.dir else None) == write.value
 
     def _prune(self, host: str) -> None:

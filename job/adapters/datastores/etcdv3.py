@@ -1058,7 +1058,11 @@ class EtcdV3Datastore:
     def commit(self, step: Step) -> int:
         # An absent key's mod_revision compares as 0 (CREATE): a create is "still absent".
         writes = [(_bytes(w.key), w.revision, None if w.value is None else _bytes(w.value)) for w in step.writes]
-        return len(step.writes) if self._etcd.write_if_unchanged(writes) else 0
+        try:
+            return len(step.writes) if self._etcd.write_if_unchanged(writes) else 0
+        except DatastoreError as error:
+            error.in_doubt = len(writes) if error.in_doubt else 0  # one transaction: all of it, or none
+            raise
 
     def close(self) -> None:
         self._etcd.close()

@@ -55,7 +55,12 @@ def check_tls_files(config: Config) -> None:
 
 
 class Transient(Exception):
-    """Worth another attempt, at the next endpoint: no answer, or no etcd leader yet."""
+    """Worth another attempt, at the next endpoint: no answer, or no etcd leader yet. `sent`
+    is False where the request cannot have reached etcd (no connection was made)."""
+
+    def __init__(self, message: str, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class Final(Exception):
@@ -79,7 +84,10 @@ class Endpoints:
         """`attempt(index)` at the current endpoint, retried on Transient at the next one; a
         DatastoreError when it fails for good. `what` names the call in the retry log; `tries`,
         where given, gets the endpoint of each attempt (a write tried twice may have committed
-        at the first, its answer lost)."""
+        at the first, its answer lost). The error says whether the call may have been carried
+        out all the same (`in_doubt`): some try of it went unanswered."""
+
+        unanswered: list[Transient] = []  # tries that may have reached etcd, and got no answer
 
         def once() -> T:
             index = self.current
@@ -87,14 +95,17 @@ class Endpoints:
                 tries.append(index)
             try:
                 return attempt(index)
-            except Transient:
+            except Transient as error:
                 self.current = (index + 1) % len(self.urls)
+                if error.sent:
+                    unanswered.append(error)
                 raise
 
         once.__qualname__ = what
         try:
             return self._retry.call(once, lambda error: isinstance(error, Transient))
         except Transient as error:
-            raise DatastoreError(f"{error}; gave up after retries, {ENDPOINTS_HINT}") from error
+            message = f"{error}; gave up after retries, {ENDPOINTS_HINT}"
+            raise DatastoreError(message, in_doubt=int(bool(unanswered))) from error
         except Final as error:
-            raise DatastoreError(str(error), error.kind) from error
+            raise DatastoreError(str(error), error.kind, in_doubt=int(bool(unanswered))) from error

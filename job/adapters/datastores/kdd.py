@@ -572,7 +572,7 @@ class KddDatastore:
                 if not self._write(write):
                     return applied
             except KubeError as error:
-                raise DatastoreError(f"{write.key}: {error}", applied=applied) from error
+                raise DatastoreError(f"{write.key}: {error}", applied=applied, in_doubt=int(error.in_doubt)) from error
         return len(step.writes)
 
     def _write(self, write: Write) -> bool:
@@ -596,7 +596,11 @@ class KddDatastore:
             uid, revision = marked["metadata"].get("uid", uid), marked["metadata"]["resourceVersion"]
         preconditions = {"uid": uid, "resourceVersion": revision}
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
-        return self._send("DELETE", path, body) is not None
+        try:
+            return self._send("DELETE", path, body) is not None
+        except KubeError as error:
+            error.in_doubt = error.in_doubt or mark is not None  # marked already: the write is half done
+            raise
 
     def _send(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The answer to a write of the object at `path` (a POST goes to its collection), None on
