@@ -20,7 +20,7 @@ from job.config import Config
 from job.core.model import Step, Write
 from job.core.report import SCHEMA_VERSION, timestamp
 from job.core.restore import HostRestore, RemovedHost, ReportShapeError, plan_host, removed_hosts
-from job.flows.apply import INTERRUPTED, LOCK_LOST
+from job.flows.apply import INTERRUPTED, LOCK_LOST, failure
 from job.flows.run import USAGE_KINDS, Dependencies, ExitCode
 
 log = structlog.get_logger("calico_gc.restore")
@@ -83,7 +83,7 @@ def _restore_host(host: RemovedHost, deps: Dependencies, addresses: Mapping[str,
             applied = deps.datastore.commit(step)
         except DatastoreError as error:
             outcome.written += step.writes[: error.applied]
-            outcome.action, outcome.error = "failed", str(error)
+            outcome.action, outcome.error = "failed", failure(error, bool(error.in_doubt))
             return outcome
         outcome.written += step.writes[:applied]
         for write in step.writes[:applied]:

@@ -232,7 +232,7 @@ class FailingAt:
         if self.commits == self.at:
             if self.applied:
                 self.inner.commit(step)
-            raise DatastoreError("injected: the connection dropped")
+            raise DatastoreError("injected: the connection dropped", in_doubt=len(step.writes))
         return int(self.inner.commit(step))
 
 
@@ -258,7 +258,9 @@ def test_a_restore_cut_short_at_any_write_is_finished_by_the_next_one(
         monkeypatch.undo()
         if code == 0:
             break  # every commit came before `at`: the whole range is covered
-        assert code == 4 and "failed" in {h["action"] for h in document["hosts"]}, document
+        failed = [h for h in document["hosts"] if h["action"] == "failed"]
+        assert code == 4 and len(failed) == 1, document
+        assert "it may have been written" in failed[0]["error"], "the restore's report says so"
         document, code = harness.restore(config, source=report)
         assert code == 0, (at, document)
         after = values(harness)
