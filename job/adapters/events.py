@@ -12,7 +12,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from job.adapters.kube import UNANSWERED, Kube, KubeError
+from job.adapters.kube import Kube, KubeError
+from job.adapters.retry import UNANSWERED
 from job.core.health import unavailable_seconds
 
 COMPONENT = "calico-gc"

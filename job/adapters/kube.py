@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from job.adapters import kube_protobuf
-from job.adapters.retry import RetryPolicy, network_reason, one_line
+from job.adapters.retry import ANSWERED, UNANSWERED, RetryPolicy, network_reason, one_line
 from job.config import Config
 from job.core.kept import NO_KUBEVIRT, KubeVirt
 from job.core.leaks import ANY_NAMESPACE
@@ -41,7 +41,6 @@ T = TypeVar("T")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_LIST_RESTARTS = 5
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
-ANSWERED, UNANSWERED = 0, 1  # what became of a try (Kube.request's `tries`)
 REQUEST_TIMEOUT_S = 30
 # Connections kept to the API server: the client's default is 5 a CPU of the machine (5 on one
 # core), and a run may hold 8 previous-log reads (adapters/health.LOG_READERS), its Lease renewal

@@ -20,6 +20,10 @@ from tenacity import (
 
 T = TypeVar("T")
 log = structlog.get_logger("calico_gc.retry")
+# What became of one try of a call, for a caller that counts them (a `tries` list): UNANSWERED
+# where it may have reached the server and no answer came that says what was done. A write with
+# such a try may have been done at it, its answer lost.
+ANSWERED, UNANSWERED = 0, 1
 
 
 def _log_retry(state: RetryCallState) -> None:

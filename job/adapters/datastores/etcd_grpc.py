@@ -34,7 +34,7 @@ from job.adapters.datastores.failover import (
     Transient,
     check_tls_files,
 )
-from job.adapters.retry import RetryPolicy, one_line
+from job.adapters.retry import UNANSWERED, RetryPolicy, one_line
 from job.config import Config
 
 # etcd answers up to its --max-request-bytes (1.5 MiB) in a request but without limit in a range
@@ -290,9 +290,9 @@ class EtcdGrpc:
         """(key, mod revision, value or None to delete) in one transaction, all if every key is
         still at its revision (0: absent), none otherwise; whether they were written.
 
-        A transaction tried again (its answer lost to a timeout or a dropped connection) may have
-        committed at the first try, and then fails its compare on its own writes. So where a
-        retried one fails, the keys are read: each as the writes leave it means they were written.
+        A transaction tried again after a try went unanswered (a timeout, a dropped connection) may
+        have committed at that try, and then fails its compare on its own writes. So where such a
+        one fails, the keys are read: each as the writes leave it means they were written.
         """
         compare = rpc_pb2.Compare
         compares = [compare(key=k, result=compare.EQUAL, target=compare.MOD, mod_revision=r) for k, r, _ in writes]
@@ -304,7 +304,7 @@ class EtcdGrpc:
         ]
         tries: list[int] = []
         answer = self._call("Txn", rpc_pb2.TxnRequest(compare=compares, success=operations), tries)
-        if answer.succeeded or len(tries) == 1:
+        if answer.succeeded or UNANSWERED not in tries:
             return bool(answer.succeeded)
         try:
             now = {kv.key: kv.value for kv in self.get([key for key, _, _ in writes], 0)}

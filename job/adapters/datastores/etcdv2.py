@@ -27,7 +27,7 @@ from job.adapters.datastores.etcdv3 import (
     k8s_node_name,
     unregistered_names,
 )
-from job.adapters.retry import RetryPolicy
+from job.adapters.retry import UNANSWERED, RetryPolicy
 from job.config import Config
 from job.core.inventory import Inventory
 from job.core.ipam import address_in, block_data
@@ -324,7 +324,7 @@ class EtcdV2Datastore:
             status, _ = self._http.request(
                 "DELETE", f"/v2/keys{write.key}", params={"dir": "true"}, expect=(200, 403, 404), tries=tries
             )
-            return status == 200 or (status == NOT_FOUND and len(tries) > 1)
+            return status == 200 or (status == NOT_FOUND and UNANSWERED in tries)
         status, _ = self._http.request(
             "DELETE" if write.value is None else "PUT",
             f"/v2/keys{write.key}",
@@ -335,7 +335,7 @@ class EtcdV2Datastore:
         )
         if status not in (COMPARE_FAILED, NOT_FOUND):
             return True
-        if len(tries) == 1:
+        if UNANSWERED not in tries:
             return False
         try:
             node = self._get(write.key)

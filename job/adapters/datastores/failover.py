@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from job.adapters.datastores.base import DatastoreError
-from job.adapters.retry import RetryPolicy
+from job.adapters.retry import ANSWERED, UNANSWERED, RetryPolicy
 from job.config import Config
 
 T = TypeVar("T")
@@ -83,22 +83,20 @@ class Endpoints:
     def call(self, attempt: Callable[[int], T], what: str, tries: list[int] | None = None) -> T:
         """`attempt(index)` at the current endpoint, retried on Transient at the next one; a
         DatastoreError when it fails for good. `what` names the call in the retry log; `tries`,
-        where given, gets the endpoint of each attempt (a write tried twice may have committed
-        at the first, its answer lost). The error says whether the call may have been carried
+        where given, gets what became of each attempt (retry.UNANSWERED: a write so tried may
+        have committed, its answer lost). The error says whether the call may have been carried
         out all the same (`in_doubt`): some try of it went unanswered."""
-
-        unanswered: list[Transient] = []  # tries that may have reached etcd, and got no answer
+        attempts: list[int] = [] if tries is None else tries
 
         def once() -> T:
             index = self.current
-            if tries is not None:
-                tries.append(index)
+            attempts.append(ANSWERED)
             try:
                 return attempt(index)
             except Transient as error:
                 self.current = (index + 1) % len(self.urls)
                 if error.sent:
-                    unanswered.append(error)
+                    attempts[-1] = UNANSWERED
                 raise
 
         once.__qualname__ = what
@@ -106,6 +104,6 @@ class Endpoints:
             return self._retry.call(once, lambda error: isinstance(error, Transient))
         except Transient as error:
             message = f"{error}; gave up after retries, {ENDPOINTS_HINT}"
-            raise DatastoreError(message, in_doubt=int(bool(unanswered))) from error
+            raise DatastoreError(message, in_doubt=int(UNANSWERED in attempts)) from error
         except Final as error:
-            raise DatastoreError(str(error), error.kind, in_doubt=int(bool(unanswered))) from error
+            raise DatastoreError(str(error), error.kind, in_doubt=int(UNANSWERED in attempts)) from error
