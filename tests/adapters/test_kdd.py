@@ -397,6 +397,29 @@ def test_a_write_whose_every_answer_was_lost_is_reported_in_doubt(harness: Harne
     assert stored["allocations"] == json.loads(doubted[0]["after"])["allocations"], "it was done"
 
 
+def test_a_write_whose_answer_was_lost_and_that_cannot_be_read_back_is_reported_in_doubt(
+    harness: Harness, group: Group
+) -> None:
+    """The block's PUT is done, its answer lost; the retry conflicts with it (409), and the GET
+    that would tell whether it was this write's own doing keeps failing: the write is in doubt."""
+    seed_kdd(harness.kubeapi, group)
+    path = f"^{group.path}/ipamblocks/100-96-8-0-26$"
+    harness.kubeapi.lose("PUT", path)
+    puts: list[int] = []
+
+    def unreadable_once_tried_again() -> None:
+        puts.append(1)
+        if len(puts) == 2:
+            harness.kubeapi.fail("GET", path, 500, times=harness.retry.attempts)
+
+    harness.kubeapi.on("PUT", path, unreadable_once_tried_again, times=2)
+    report, code = harness.run(kdd(harness, apply=True))
+    entry = hosts_by_name(report)[GONE]
+    assert len(puts) == 2 and harness.kubeapi.count("GET", path) >= harness.retry.attempts
+    assert code == 4 and (entry["action"], entry["reason"]) == ("failed", "datastore_error")
+    assert [c["key"] for c in entry["changes"] if c.get("in_doubt")] == ["ipamblocks/100-96-8-0-26"]
+
+
 @pytest.mark.parametrize("status", [500, 504])
 def test_a_write_answered_5xx_at_every_try_is_reported_in_doubt(harness: Harness, group: Group, status: int) -> None:
     """A 5xx does not say whether the write was done ("etcdserver: request timed out" commits
