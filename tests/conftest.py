@@ -30,6 +30,7 @@ from job.core.report import SCHEMA_PATH, write
 from job.flows.restore import restore
 from job.flows.run import Dependencies, keep, report_befores, run
 from tests.support import calico, calico2, crds, prometheus
+from tests.support.cut_link import CutLink
 from tests.support.etcd_server import EtcdServer
 from tests.support.groups import V1, V3, Group
 from tests.support.kubeapi import KubeApiServer
@@ -209,3 +210,16 @@ def down_at_the_first_write(harness: Harness, stop: Callable[[], None]) -> None:
         return made
 
     harness.dependencies = stopping
+
+
+def applied_losing_answers(
+    harness: Harness, config: Config, marker: bytes, losses: int = 1
+) -> tuple[dict[str, Any], int, CutLink]:
+    """`config` run through a link to etcd that loses the answers to the first `losses` requests
+    holding `marker` (CutLink); the report, the exit code and the link."""
+    link = CutLink(harness.etcd.client_port, lose_answer_to=marker, losses=losses)
+    try:
+        report, code = harness.run(replace(config, etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),)))
+    finally:
+        link.close()
+    return report, code, link

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from job.adapters.datastores.etcdv2 import build_inventory
 from job.cli import main
-from job.config import EtcdEndpoint
 from job.core.ipam import block_shape_problem
 from job.core.model import ClusterInfo, StoredItem
-from tests.conftest import Harness, down_at_the_first_write, hosts_by_name
+from tests.conftest import Harness, applied_losing_answers, down_at_the_first_write, hosts_by_name
 from tests.support import calico2
 from tests.support.calico2 import BACKLOG, CONFLICT_ORPHAN, LIVE, NEW_NODE, ORPHAN, kops_18_cluster
 from tests.support.cut_link import CutLink
@@ -131,12 +129,7 @@ def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_wr
         f"{harness.etcd.url}/v2/keys/calico/bgp/v1/host/ghost-host/ip_addr_v4", data={"value": "10.0.9.9"}
     )  # BGP keys of a name with no Calico host: removed with their directory
     planned, _ = harness.run(v2(harness))  # type: ignore[arg-type]
-    link = CutLink(harness.etcd.client_port, lose_answer_to=request_line)
-    try:
-        config = replace(v2(harness, apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))  # type: ignore[type-var]
-        report, code = harness.run(config)
-    finally:
-        link.close()
+    report, code, link = applied_losing_answers(harness, v2(harness, apply=True), request_line)  # type: ignore[arg-type]
     assert link.lost.is_set(), "the answer to the write was lost"
     entry = hosts_by_name(report)[host]
     assert code == 0 and entry["action"] == "deleted"
@@ -148,12 +141,8 @@ def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_wr
 
 def lost_answers(harness: Harness, request_line: bytes) -> tuple[dict[str, object], int, CutLink]:
     """An apply run in which every try of the request that starts with `request_line` loses its answer."""
-    link = CutLink(harness.etcd.client_port, lose_answer_to=request_line, losses=harness.retry.attempts)
-    try:
-        config = replace(v2(harness, apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))  # type: ignore[type-var]
-        report, code = harness.run(config)
-    finally:
-        link.close()
+    config = v2(harness, apply=True)
+    report, code, link = applied_losing_answers(harness, config, request_line, harness.retry.attempts)  # type: ignore[arg-type]
     assert link.doomed == harness.retry.attempts, "every try of the write lost its answer"
     return report, code, link
 

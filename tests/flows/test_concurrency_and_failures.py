@@ -20,7 +20,7 @@ from job.adapters.state import ConfigMapStateStore
 from job.config import Config, EtcdEndpoint
 from job.core.ipam import block_shape_problem
 from job.flows.run import Dependencies
-from tests.conftest import Harness, down_at_the_first_write, hosts_by_name, no_sleep_retry
+from tests.conftest import Harness, applied_losing_answers, down_at_the_first_write, hosts_by_name, no_sleep_retry
 from tests.support import calico
 from tests.support import scenario as s
 from tests.support.cut_link import CutLink
@@ -403,24 +403,12 @@ def test_link_to_etcd_cut_in_the_middle_of_the_read_is_a_clear_error_and_writes_
     assert report["hosts"] == [] and harness.dump() == before
 
 
-def applied_losing_answers(harness: Harness, marker: bytes, losses: int = 1) -> tuple[dict[str, Any], int, CutLink]:
-    """An apply run through a link to etcd that loses the answers to the first `losses` requests
-    holding `marker` (CutLink)."""
-    link = CutLink(harness.etcd.client_port, lose_answer_to=marker, losses=losses)
-    try:
-        config = replace(harness.config(apply=True), etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", link.port),))
-        report, code = harness.run(config)
-    finally:
-        link.close()
-    return report, code, link
-
-
 def test_a_write_whose_answer_was_lost_and_that_is_tried_again_is_reported_as_written(harness: Harness) -> None:
     """etcd commits the first write of a host, and the connection drops before its answer. The
     retry's compare then fails on that write's own keys: it is a write done, not a conflict."""
     harness.seed(s.kops_cluster())
     planned, _ = harness.run(harness.config())
-    report, code, link = applied_losing_answers(harness, b'"cidr":"100.96.20.0/26"')
+    report, code, link = applied_losing_answers(harness, harness.config(apply=True), b'"cidr":"100.96.20.0/26"')
     entry = hosts_by_name(report)[s.POD_ORPHAN]
     assert link.lost.is_set(), "the answer to the block's write was lost"
     assert code == 0 and (entry["action"], entry["reason"]) == ("deleted", "k8s_node_missing")
@@ -442,7 +430,9 @@ def test_a_write_whose_every_answer_was_lost_is_reported_in_doubt_and_a_restore_
     restore acts on what it finds: the IPs back where it was done, nothing where it was not."""
     harness.seed(s.kops_cluster())
     seeded = {k: v for k, (v, _) in harness.dump().items()}
-    report, code, link = applied_losing_answers(harness, b'"cidr":"100.96.20.0/26"', harness.retry.attempts)
+    report, code, link = applied_losing_answers(
+        harness, harness.config(apply=True), b'"cidr":"100.96.20.0/26"', harness.retry.attempts
+    )
     entry = hosts_by_name(report)[s.POD_ORPHAN]
     # Every try that reached etcd lost its answer (gRPC may fail one fast, unsent, as it reconnects).
     assert link.lost.is_set() and 1 <= link.doomed <= harness.retry.attempts
