@@ -801,9 +801,9 @@ class Kube:
     def write(
         self, method: str, path: str, body: dict[str, Any], at: str, done: Callable[[dict[str, Any] | None], bool]
     ) -> dict[str, Any]:
-        """A conditional write (`request`): its answer. A write tried again may have been done at
-        the first try, its answer lost, and then conflicts with itself (409, or 404 for a DELETE).
-        Where a retried one does, the object at `at` is read (None: gone), and where `done` says
+        """A conditional write (`request`): its answer. A write tried again after a try went
+        unanswered may have been done at that try, and then conflicts with itself (409, or 404 for
+        a DELETE). Where one does, the object at `at` is read (None: gone), and where `done` says
         it is as the write leaves it, it is the answer ({} for a DELETE); else the conflict stands.
         A write that fails for good says whether it may have been done all the same (`in_doubt`)."""
         tries: list[int] = []
