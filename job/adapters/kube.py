@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from job.adapters import kube_protobuf
-from job.adapters.retry import ANSWERED, UNANSWERED, RetryPolicy, network_reason, one_line
+from job.adapters.retry import ANSWERED, UNANSWERED, RetryPolicy, network_reason, never_sent, one_line
 from job.config import Config
 from job.core.kept import NO_KUBEVIRT, KubeVirt
 from job.core.leaks import ANY_NAMESPACE
@@ -627,10 +627,8 @@ class Kube:
                     method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT_S
                 )
                 raw: bytes = response.read()
-            except urllib3.exceptions.ConnectTimeoutError:  # no connection made (refused, too slow): not sent
-                raise
-            except (urllib3.exceptions.HTTPError, OSError):
-                if tries is not None:
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                if tries is not None and not never_sent(error):
                     tries[-1] = UNANSWERED
                 raise
             self._heed(response.headers.getlist("Warning"), method, path)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
+import urllib3
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -52,6 +53,16 @@ def network_reason(error: object) -> str:
         return "timed out"
     found = _ERRNO.search(str(error))
     return found.group(1).strip() if found else one_line(str(error), 160) or type(error).__name__
+
+
+def never_sent(error: BaseException) -> bool:
+    """Whether an HTTP call failed before a connection was made (refused, unresolved, or not in
+    time): nothing reached the server. urllib3 raises ConnectTimeoutError (NewConnectionError
+    among them); requests wraps it as the reason of a MaxRetryError."""
+    reason = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(error, urllib3.exceptions.ConnectTimeoutError) or isinstance(
+        reason, urllib3.exceptions.ConnectTimeoutError
+    )
 
 
 def describe_error(error: BaseException | None) -> str:

@@ -12,7 +12,6 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import requests
-import urllib3
 
 from job.adapters.datastores.failover import (
     AUTH_HINT,
@@ -23,18 +22,12 @@ from job.adapters.datastores.failover import (
     Transient,
     check_tls_files,
 )
-from job.adapters.retry import RetryPolicy, network_reason, one_line
+from job.adapters.retry import RetryPolicy, network_reason, never_sent, one_line
 from job.config import Config
 
 # Answers are read 64 KiB at a time, not requests' 10 KiB: an answer is megabytes, and each
 # read waits for the GIL again while another thread parses the last page.
 BODY_CHUNK = 64 << 10
-
-
-def _unconnected(error: requests.RequestException) -> bool:
-    """Whether no connection was made (refused, unresolved, or not in time): nothing was sent."""
-    cause = getattr(error.args[0], "reason", None) if error.args else None
-    return isinstance(error, requests.ConnectTimeout) or isinstance(cause, urllib3.exceptions.ConnectTimeoutError)
 
 
 def _tls_reason(error: requests.exceptions.SSLError) -> str:
@@ -124,7 +117,7 @@ class EtcdHttp:
                 raise Final(f"TLS to etcd at {url} failed: {_tls_reason(error)}; {TLS_HINT}", "tls") from error
             except requests.RequestException as error:
                 reason = "timed out" if isinstance(error, requests.Timeout) else network_reason(error)
-                raise Transient(f"etcd at {url} did not answer: {reason}", sent=not _unconnected(error)) from error
+                raise Transient(f"etcd at {url} did not answer: {reason}", sent=not never_sent(error)) from error
             if decode is not None and response.status_code in expect:
                 try:
                     return response.status_code, decode(body)
