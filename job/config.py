@@ -240,7 +240,8 @@ OPTIONS: tuple[Option, ...] = (
         "CALICO_GC_KEEP_REPORTS",
         "10",
         "Keep the reports of the last N runs that changed the datastore in ConfigMaps calico-gc-report-* of "
-        "--namespace (at most 10; 0: keep none). `reports` lists them, `restore` undoes one.",
+        "--namespace (at most 10; 0: keep none); an apply run keeps one before its first write too, which its final "
+        "report replaces. `reports` lists them, `restore` undoes one.",
         metavar="N",
     ),
     Option(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,10 @@ class Harness:
     tmp: Path
     now: datetime = NOW
     retry: RetryPolicy = field(default_factory=no_sleep_retry)
+    runs: Iterator[int] = field(default_factory=count)  # each run its own id, as each Job pod's is
+
+    def run_id(self) -> str:
+        return f"test-run-{next(self.runs)}"
 
     def seed(self, scenario: Scenario) -> None:
         calico.load(self.etcd.url, scenario.seed.keys)
@@ -134,14 +139,15 @@ class Harness:
 
     def dependencies(self, config: Config, state: StateStore | None = None, lock: bool = False) -> Dependencies:
         kube = Kube(api_client(config), self.retry, page_size=2, clock=lambda: self.now)
-        lease = LeaseLock(kube, config.namespace, "calico-gc", "test-run", config.lease_duration) if lock else None
+        run_id = self.run_id()
+        lease = LeaseLock(kube, config.namespace, "calico-gc", run_id, config.lease_duration) if lock else None
         return Dependencies(
             kube,
             datastore(config, self.retry, kube),
             state or FileStateStore(config.state_file or self.tmp / "state.json"),
             lease,
             lambda: self.now,
-            "test-run",
+            run_id,
             partial(read_health, kube),
             partial(publish, kube, config.namespace, "calico-gc-test-pod"),
             reports=ReportKeeper(kube, config.namespace, config.keep_reports),

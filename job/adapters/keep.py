@@ -96,16 +96,24 @@ class ReportKeeper:
         return {slot: self._get(part_name(slot, 0, self.prefix)) for slot in range(self.slots)}
 
     def keep(self, report: Mapping[str, Any]) -> str:
-        """Store `report` in the free or oldest slot; the ConfigMap that names it."""
+        """Store `report` in the slot that holds its run already (the report kept before its
+        writes), or else the free or oldest one; the ConfigMap that names it."""
         packed = _packed(report)
         parts = [packed[start : start + PART_BYTES] for start in range(0, len(packed), PART_BYTES)] or [b""]
         heads = self._heads()
-        slot = min(heads, key=lambda s: (heads[s] is not None, self._started(heads[s]), s))
+        run_id = str(report.get("run_id"))
+
+        def order(s: int) -> tuple[bool, bool, datetime, int]:
+            ours = _annotations((heads[s] or {}).get("metadata") or {}).get("run-id") == run_id
+            return (not ours, heads[s] is not None, self._started(heads[s]), s)
+
+        slot = min(heads, key=order)
         summary = report.get("summary") or {}
         about = {
-            "run-id": str(report.get("run_id")),
+            "run-id": run_id,
             "schema": str(report.get("schema")),
             "started-at": str(report.get("started_at")),
+            "finished-at": str(report.get("finished_at")),
             "mode": str(report.get("mode")),
             "outcome": str(report.get("outcome")),
             "summary": ", ".join(f"{k}={v}" for k, v in summary.items() if v not in (None, 0, False)),
@@ -175,13 +183,16 @@ class ReportKeeper:
                 f"kept report of run {run_id} says it has {one_line(repr(parts), 40)} parts, not 1 to {MAX_PARTS}"
             )
         packed = b""
+        whole = _annotations(head["metadata"])
         for part in range(count):
             name = part_name(slot, part, self.prefix)
             obj = head if part == 0 else self._get(name)
             about = _annotations((obj or {}).get("metadata") or {})
-            if obj is None or about.get("run-id") != run_id or about.get("part") != str(part):
+            # Every part says what part 0 says: a part of another run, or of the same run's other
+            # report (the one kept before its writes, being replaced), is never read with it.
+            if obj is None or about != {**whole, "part": str(part)}:
                 raise KeepError(
-                    f"kept report of run {run_id} is incomplete: {name} holds another run "
+                    f"kept report of run {run_id} is incomplete: {name} holds another report "
                     "(a run died while keeping its report)"
                 )
             try:

@@ -274,9 +274,10 @@ class HostDecision:
     conflict: bool = False
     steps: tuple[Step, ...] = ()
     error: str | None = None
-    # Writes of a failed step that may have been done all the same (no answer came to a try of
-    # them): reported apart from `steps`, and restorable, as a restore acts on what it finds.
-    in_doubt: tuple[Write, ...] = ()
+    # Writes that may have been done all the same: of a failed step, where no answer came to a try
+    # of them; or every planned step, in the report kept before a run's first write. Reported
+    # apart from `steps`, and restorable, as a restore acts on what it finds.
+    in_doubt: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

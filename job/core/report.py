@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,6 +17,11 @@ SCHEMA_VERSION = "calico-gc/report/v1"
 SCHEMA_PATH = Path(__file__).parent.parent / "report.schema.json"  # the report's public contract, at the top
 MAX_WARNINGS = 20  # distinct API server warnings a report lists (the schema's `kubernetes.warnings` maxItems)
 HOSTS_PER_FETCH = 100  # hosts whose missing before-values are fetched together as the report is written
+UNFINISHED = "unfinished"  # the outcome, and each planned host's reason, of the report kept before the writes
+UNFINISHED_ERROR = (
+    "the run did not finish (killed, or its node lost) before it reported this host: each write listed may have "
+    "been done; a restore of this report reads what is there, and the next run finishes the host"
+)
 
 # Given (key, revision) pairs, the values those keys held at those revisions, where still known.
 Befores = Callable[[Sequence[tuple[str, int]]], Mapping[str, str]]
@@ -44,6 +49,7 @@ class RunRecord:
     health: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, as measured
+    kept_unfinished: bool = False  # a report kept before the writes, that the final report must replace
 
     def error(self, kind: str, message: str, key: str | None = None) -> None:
         self.errors.append({"kind": kind, "message": message, **({"key": key} if key else {})})
@@ -54,9 +60,9 @@ class RunRecord:
 
 
 def _changes(decision: HostDecision) -> list[dict[str, Any]]:
+    # Those in doubt last, as the step that failed: done or not, a restore finds out.
     steps: list[tuple[tuple[Write, ...], dict[str, bool]]] = [(step.writes, {}) for step in decision.steps]
-    if decision.in_doubt:  # last, as the step that failed: done or not, a restore finds out
-        steps.append((decision.in_doubt, {"in_doubt": True}))
+    steps += [(step.writes, {"in_doubt": True}) for step in decision.in_doubt]
     return [
         {
             "key": w.key,
@@ -93,7 +99,21 @@ def _host(decision: HostDecision) -> dict[str, Any]:
     return entry
 
 
-def build(record: RunRecord, finished_at: datetime, exit_code: int, version: str) -> dict[str, Any]:
+def unfinished(record: RunRecord, decisions: Sequence[HostDecision], now: datetime, version: str) -> dict[str, Any]:
+    """The report kept before a run's first write, for a run that never gets to keep its own
+    (SIGKILL, OOM, its node lost): each host it is about to delete `failed`, every planned write
+    in doubt, and no exit code. A restore of it puts back what was done and finds the rest as the
+    run found it, as it does for any write in doubt."""
+    hosts = [
+        replace(d, action=Action.FAILED, reason=UNFINISHED, error=UNFINISHED_ERROR, steps=(), in_doubt=d.steps)
+        if d.action is Action.WOULD_DELETE
+        else d
+        for d in decisions
+    ]
+    return build(replace(record, decisions=hosts, outcome=UNFINISHED), now, None, version)
+
+
+def build(record: RunRecord, finished_at: datetime, exit_code: int | None, version: str) -> dict[str, Any]:
     config, plan = record.config, record.plan
     actions = Counter(str(d.action) for d in record.decisions)
     summary: dict[str, Any] = {
@@ -266,7 +286,8 @@ def ipam_line(audit: dict[str, Any]) -> str:
 def summary_line(report: dict[str, Any]) -> str:
     counts = ", ".join(f"{k}={v}" for k, v in report["summary"].items() if v not in (None, 0, False))
     group = report["datastore"].get("api_group")  # the Kubernetes datastore: which of Calico's two groups
-    line = f"{report['mode']} {report['outcome']} (exit {report['exit_code']})"
+    code = report["exit_code"]  # none in a report kept before the writes, of a run that did not finish
+    line = f"{report['mode']} {report['outcome']}" + (f" (exit {code})" if code is not None else "")
     line += f" in {group}" if group else ""
     line += f": {counts or 'nothing found'}"
     if report["errors"]:  # what failed, in its own words

@@ -27,7 +27,7 @@ from job.core.leaks import (
     LEAK_RELEASED,
     LeakRelease,
 )
-from job.core.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step, Write
+from job.core.model import Action, HandleRepair, HostDecision, Plan, PodInfo, Step
 from job.core.plan import (
     HANDLE_CHANGED,
     HANDLE_DEFERRED,
@@ -108,7 +108,7 @@ def apply_host(
     host = decision.host.name
     link = k8s_link(decision.host, config) or host
     committed: list[Step] = []
-    in_doubt: tuple[Write, ...] = ()
+    in_doubt: tuple[Step, ...] = ()
 
     def outcome(action: Action, reason: str, error: str | None = None) -> HostDecision:
         log.info("host_result", host=host, action=str(action), reason=reason, error=error)
@@ -144,8 +144,9 @@ def apply_host(
                     applied = datastore.commit(step)
                 except DatastoreError as error:
                     record(step, error.applied)
-                    in_doubt = step.writes[error.applied : error.applied + error.in_doubt]
-                    for write in in_doubt:
+                    doubted = step.writes[error.applied : error.applied + error.in_doubt]
+                    in_doubt = (replace(step, writes=doubted),) if doubted else ()
+                    for write in doubted:
                         log.warning("write_in_doubt", host=host, key=write.key, revision=write.revision)
                     raise
                 record(step, applied)

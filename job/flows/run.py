@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum
 from functools import partial
@@ -35,9 +35,9 @@ from job.core.kept import KubeVirt
 from job.core.leaks import LEAK_RELEASED, Allocation, LeakPlan, as_listed, plan_leaks, settler
 from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, Plan, PodInfo
 from job.core.plan import HANDLE_REPAIRED, plan_run
-from job.core.report import Befores, RunRecord, build
+from job.core.report import UNFINISHED, Befores, RunRecord, build, unfinished
 from job.core.scan import BlockScan, scan_blocks
-from job.flows.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values
+from job.flows.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values, with_befores
 
 log = structlog.get_logger("calico_gc")
 
@@ -210,7 +210,7 @@ def run(config: Config, deps: Dependencies) -> tuple[dict[str, Any], int]:
             "metrics_push",
             push(config.pushgateway, cluster, report, duration, succeeded=code == ExitCode.OK, grace_s=grace),
         )
-    keep(config, deps, report)
+    keep(config, deps, report, record.kept_unfinished)
     log.info("run_finished", outcome=record.outcome, exit_code=int(code), summary=report["summary"])
     return report, int(code)
 
@@ -243,9 +243,35 @@ def _note_failure(report: dict[str, Any], kind: str, failure: str | None) -> Non
         report["summary"]["errors"] += 1
 
 
-def keep(config: Config, deps: Dependencies, report: dict[str, Any]) -> None:
-    """Keep a report that records changes (a run's or a restore's) in the cluster."""
-    if not (config.keep_reports and deps.reports is not None and worth_keeping(report)):
+def _keep_unfinished(config: Config, deps: Dependencies, record: RunRecord, plan: Plan) -> Plan:
+    """Before the first write, keep the report of a run that never finishes: every write planned,
+    with its before-value, in doubt. The final report replaces it; a run killed on the way (SIGKILL,
+    OOM, its node lost) leaves it, for a restore. The plan comes back with its before-values,
+    fetched here once, not again host by host."""
+    reports = deps.reports
+    if not (config.keep_reports and reports and any(d.action is Action.WOULD_DELETE for d in plan.decisions)):
+        return plan
+
+    def filled() -> tuple[HostDecision, ...]:
+        return tuple(with_befores(d, deps.datastore) if d.action is Action.WOULD_DELETE else d for d in plan.decisions)
+
+    try:
+        decisions = _read(deps, "the before-values of the hosts to delete", filled)
+        report = unfinished(record, decisions, deps.clock(), __version__)
+        kept_as = _read(deps, "the kept reports' ConfigMaps", reports.keep, report)
+    except (DatastoreError, KeepError) as error:
+        log.warning("report_keep_failed", error=str(error), effect="a run killed before its end leaves no report")
+        record.error("report_keep", f"the report was not kept in the cluster before the writes: {error}")
+        return plan
+    record.kept_unfinished = True
+    log.info("report_kept", configmap=kept_as, outcome=UNFINISHED)
+    return replace(plan, decisions=decisions)
+
+
+def keep(config: Config, deps: Dependencies, report: dict[str, Any], replacing: bool = False) -> None:
+    """Keep a report that records changes (a run's or a restore's) in the cluster; always where
+    it replaces the report kept before the writes."""
+    if not (config.keep_reports and deps.reports is not None and (replacing or worth_keeping(report))):
         return
     try:
         report["kept_as"] = deps.reports.keep(report)
@@ -405,6 +431,7 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     saved = _save_state(deps.state, decided.sightings, record)
     if not config.apply:
         return ExitCode.OK
+    decided = decided._replace(plan=_keep_unfinished(config, deps, record, decided.plan))
     repairs, leak_actions = _apply(config, deps, record, inventory, decided)
     return _settle(deps, record, decided.sightings, repairs, leak_actions, saved)
 

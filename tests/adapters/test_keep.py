@@ -122,8 +122,31 @@ def test_parts_of_two_runs_are_never_mixed(harness: Harness) -> None:
     assert part is not None
     part["metadata"]["annotations"]["calico-gc/run-id"] = "second"  # a later run died while writing its parts
     harness.kubeapi.put(collection, part)
-    with pytest.raises(KeepError, match="incomplete: calico-gc-report-0-1 holds another run"):
+    with pytest.raises(KeepError, match="incomplete: calico-gc-report-0-1 holds another report"):
         store.fetch("first")
+
+
+def test_a_runs_final_report_replaces_the_one_kept_before_its_writes_and_the_two_never_mix(
+    harness: Harness,
+) -> None:
+    store = keeper(harness, slots=2)
+    store.keep(document("older", "2026-11-30T09:00:00Z"))
+    started = "2026-11-30T10:00:00Z"
+    before_writes = {**document("run", started, noise(2 * PART_BYTES)), "outcome": "unfinished"}
+    assert store.keep(before_writes) == f"{NAMESPACE}/{part_name(1, 0)}"
+    collection = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+    head = harness.kubeapi.get(collection, part_name(1, 0))
+    final = {**document("run", started, noise(2 * PART_BYTES)), "finished_at": "2026-11-30T10:01:00Z"}
+    # Its own slot, though another holds an older report.
+    assert store.keep(final) == f"{NAMESPACE}/{part_name(1, 0)}"
+    assert [k["run-id"] for k in store.list()] == ["run", "older"] and store.fetch("run") == final
+    # Killed before it wrote part 0 again: part 0 says the first report, the others the final one.
+    replaced = harness.kubeapi.get(collection, part_name(1, 0))
+    assert head is not None and replaced is not None
+    head["metadata"]["resourceVersion"] = replaced["metadata"]["resourceVersion"]
+    harness.kubeapi.put(collection, head)
+    with pytest.raises(KeepError, match="incomplete: calico-gc-report-1-1 holds another report"):
+        store.fetch("run")
 
 
 @pytest.mark.parametrize(
@@ -177,8 +200,26 @@ def test_a_report_that_cannot_be_kept_is_an_error_but_the_run_stands(harness: Ha
     assert code != 0 or report["summary"]["deleted"] == 2
     assert report["summary"]["deleted"] == 2
     kept = [e for e in report["errors"] if e["kind"] == "report_keep"]
-    assert len(kept) == 1 and "the report was not kept in the cluster" in kept[0]["message"]
+    # Neither the report kept before the writes nor the final one: each said, and the run went on.
+    assert [e["message"].split(":")[0] for e in kept] == [
+        "the report was not kept in the cluster before the writes",
+        "the report was not kept in the cluster",
+    ]
     assert "kept_as" not in report
+
+
+def test_a_run_that_wrote_nothing_after_all_still_replaces_the_report_it_kept_before_its_writes(
+    harness: Harness,
+) -> None:
+    """The orphan's Node is back when the run checks again before deleting: it writes nothing,
+    and the report it kept before (every planned write in doubt) must not outlive it."""
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.POD_ORPHAN}$", lambda: harness.kubeapi.add_node(s.POD_ORPHAN))
+    report, code = harness.run(harness.config(apply=True, exclude=(s.CONFLICT_ORPHAN,)))
+    [host] = [h for h in report["hosts"] if h["name"] == s.POD_ORPHAN]
+    assert code == 0 and (host["action"], host["reason"], host["changes"]) == ("skipped", "k8s_node_recreated", [])
+    kept = keeper(harness).list()
+    assert [(k["run-id"], k["outcome"]) for k in kept] == [(report["run_id"], "ok")]
 
 
 def test_the_role_grants_exactly_the_kept_report_names() -> None:

@@ -125,7 +125,7 @@ def test_a_run_whose_lease_was_taken_over_stops_deleting(harness: Harness) -> No
 
     def another_run_takes_the_lease() -> None:
         taken = harness.kubeapi.get(LEASES, "calico-gc")
-        assert taken is not None and taken["spec"]["holderIdentity"] == "test-run"
+        assert taken is not None and taken["spec"]["holderIdentity"].startswith("test-run-")
         harness.kubeapi.put(LEASES, {**taken, "spec": {**taken["spec"], "holderIdentity": "other-run"}})
 
     harness.kubeapi.on("GET", f"^/api/v1/nodes/{s.CONFLICT_ORPHAN}$", another_run_takes_the_lease)

@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 
 from job.core.model import Action
+from job.core.report import render_text
 from tests.adapters.test_kdd import seed_kdd, snapshot
-from tests.conftest import Harness
+from tests.conftest import Harness, validate_report
 from tests.support import calico, calico2
+from tests.support import scenario as s
 from tests.support.groups import Group
 from tests.support.job_process import Zygote, job_argv, job_environ, run_job
 from tests.support.scenario import cross_borrowing_fleet
@@ -200,6 +202,41 @@ def test_a_zygotes_child_ends_as_python_m_job_ends(zygote: Zygote, tmp_path: Pat
 
 
 ACTIONS = ["kill_before", "kill_after", "conflict"]
+
+
+@pytest.mark.parametrize("action", ["kill_before", "kill_after"])
+def test_a_run_killed_at_any_write_leaves_a_report_a_restore_undoes_it_from(
+    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction
+) -> None:
+    """Killed at any write, a run has kept, before its first, a report that lists every write it
+    was about to make, each in doubt. A restore of that report puts back what was done (and finds
+    the rest as it was): Calico's data is then what it was before the run."""
+    harness.seed(s.kops_cluster())
+    seeded = {k: v for k, (v, _) in harness.dump().items()}
+    argv = job_argv(harness.kubeapi, relay, harness.tmp, "--lock=none")
+    assert run_job(argv, relay, None, zygote=zygote).code == 0
+    writes = relay.writes
+    assert writes >= 4
+    for index in range(writes):
+        calico.wipe(harness.etcd.url)
+        calico.load(harness.etcd.url, s.kops_cluster().seed.keys)
+        assert run_job(argv, relay, Trigger(index, action), zygote=zygote).code == -signal.SIGKILL
+        keeper = harness.dependencies(harness.config()).reports
+        assert keeper is not None
+        kept = keeper.fetch("latest")
+        validate_report(kept)
+        assert kept["outcome"] == "unfinished" and kept["exit_code"] is None, f"{action} at write {index}"
+        headline = render_text(kept).splitlines()[0]  # `reports show`: no exit code to show
+        assert headline.startswith("apply unfinished: ") and "failed=2" in headline, headline
+        assert {h["action"] for h in kept["hosts"] if h["changes"]} == {"failed"}
+        assert all(c["in_doubt"] for h in kept["hosts"] for c in h["changes"])
+        harness.kubeapi.delete_node(s.NEW_NODE)  # the orphan's address is free again: nothing refuses it
+        document, code = harness.restore(harness.config(apply=True), source=kept)
+        assert code == 0, (index, document["errors"], [h.get("error") for h in document["hosts"]])
+        restored = {k: v for k, (v, _) in harness.dump().items()}
+        assert calico.semantic(restored) == calico.semantic(seeded), f"{action} at write {index}"
+        assert calico.ipam_problems(restored) == []
+        harness.kubeapi.add_node(s.NEW_NODE, "10.0.1.13")
 
 
 @pytest.mark.parametrize("action", ACTIONS)
