@@ -1,8 +1,10 @@
 """Pure planning of a restore: put back what a kept report says a run removed, and nothing
 that has moved on since (README, "Kept reports and restore"; docs/calico-data.md, "Restore").
 
-- A key the run deleted is created again only while it is absent. Present with the value the
-  run removed, it is already back; present with another value, it is a conflict.
+- A key the run deleted is created again only while it is absent, or marked for deletion and
+  not yet deleted (the first half of the run's own delete, on the Kubernetes datastore). Present
+  with the value the run removed, it is already back; present with another value, it is a
+  conflict.
 - A key the run updated is never written back whole, which would undo everything that happened
   to it since. An IPAM block gets back the allocations the run freed, each only where its
   ordinal is still free (an IP allocated again since is a conflict), and its affinity only while
@@ -34,6 +36,8 @@ from job.core.ipam import (
     normal_cidr,
 )
 from job.core.model import CREATE, JsonObject, Step, StoredItem, Write
+
+PENDING_DELETION = "pendingDeletion"  # an affinity's state once its delete has begun
 
 # A failed host's report lists the writes that were applied, as does a skipped one's where it was
 # skipped after a conflict (its Node back, its Felix alive).
@@ -147,6 +151,22 @@ def _parse(text: str | None) -> Any:
         return None
 
 
+def _marked(value: Any) -> bool:
+    """A value marked for deletion and not yet deleted (Kubernetes: a block's `deleted: true`
+    tombstone, an affinity's `pendingDeletion`): the first half of a delete, the run's own when
+    it was killed between the two. To a restore of a key the run deleted, as good as gone."""
+    data = value.get("spec", value) if isinstance(value, dict) else None  # a Kubernetes object by its spec
+    return isinstance(data, dict) and (data.get("deleted") is True or data.get("state") == PENDING_DELETION)
+
+
+def _unmarked(change: Change, now: StoredItem) -> Write:
+    """A marked key put back as it was, over its mark: an update, which for a Kubernetes object
+    (recorded whole) writes its spec, the object's metadata being the server's."""
+    before = _parse(change.before)
+    whole = isinstance(before, dict) and "metadata" in before and "spec" in before
+    return Write(change.key, now.revision, dump(before["spec"]) if whole else change.before, now.value)
+
+
 def _is_block(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("allocations"), list) and "cidr" in value
 
@@ -206,9 +226,10 @@ def _restore_block(host: str, change: Change, now: StoredItem | None, findings: 
     wants_affinity = affinity_host(before) == host and (after is None or affinity_host(after) != host)
     network = ipaddress.ip_network(before["cidr"], strict=False)
     handles = {str(a.get("handle_id")) for a in wanted.values() if a.get("handle_id")}
+    if change.op == "delete" and (now is None or _marked(_parse(now.value))):
+        back = Write(change.key, CREATE, change.before, None) if now is None else _unmarked(change, now)
+        return _Block(change, back, before, handles, True)
     if now is None:
-        if change.op == "delete":
-            return _Block(change, Write(change.key, CREATE, change.before, None), before, handles, True)
         findings.append(Finding(change.key, f"block {network} was deleted since: its {len(wanted)} IPs stay free"))
         return _Block(change, None, None, set(), False)
     current = _parse(now.value)
@@ -242,8 +263,10 @@ def _restore_block(host: str, change: Change, now: StoredItem | None, findings: 
         else:
             findings.append(Finding(change.key, f"block {network} is claimed by {current.get('affinity')} now"))
     write = Write(change.key, now.revision, dump(new), now.value) if new != current else None
-    restored = {str(a.get("handle_id")) for a in free.values() if a.get("handle_id")}
-    return _Block(change, write, new, restored, affinity_ok)
+    # Every handle of an allocation the block holds again, or still: a run killed between a
+    # handle and its block (one write each, on etcd v2 and Kubernetes) deleted the one only.
+    held = {hid for hid in handles if held_by(new, hid)}
+    return _Block(change, write, new, held, affinity_ok)
 
 
 def _raised_handle(change: Change, now: StoredItem | None, block: _Block, hid: str) -> Write | None:
@@ -303,6 +326,8 @@ def _generic(
     if change.op == "delete":
         if now is None:
             return Write(change.key, CREATE, change.before, None)
+        if _marked(_parse(current)):
+            return _unmarked(change, now)
         findings.append(Finding(change.key, "exists again with another value"))
         return None
     if now is not None and _same(current, change.after):

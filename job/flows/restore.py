@@ -147,7 +147,10 @@ def _restore_all(hosts: tuple[RemovedHost, ...], deps: Dependencies, apply: bool
     addresses |= {ip: h.name for h in inventory.hosts for ip in (h.ipv4, h.ipv6) if ip}
     outcomes = []
     halted: str | None = None
-    for host in hosts:
+    # The last host first, as any undo: where two hosts wrote one key (an orphan's IP freed from
+    # another orphan's block, which that one then deleted), the later write's value before is
+    # the earlier's value after, so the key comes back whole only in that order.
+    for host in reversed(hosts):
         if halted is None and deps.stopping.is_set():
             halted = INTERRUPTED
         if halted is None and apply and deps.lock is not None and not deps.lock.still_held():

@@ -1,5 +1,5 @@
 """`calico-gc restore`: a run undone from its kept report, against the real etcd v3 (etcd v2 and
-the Kubernetes datastore: tests/test_restore_datastores.py). Nothing that moved on since the run
+the Kubernetes datastore: tests/adapters/test_restore_datastores.py). Nothing that moved on since the run
 is touched: an IP allocated again, an address another host holds, a key written again."""
 
 from __future__ import annotations
@@ -72,6 +72,22 @@ def test_restore_puts_back_exactly_what_the_run_removed(harness: Harness) -> Non
     # The restore's own report is kept beside the run's, and says what it wrote.
     assert document["kept_as"] == "calico-gc/calico-gc-report-1-0"
     assert document["summary"]["keys_written"] == sum(len(h["changes"]) for h in document["hosts"]) > 0
+
+
+def test_a_block_two_hosts_wrote_comes_back_whole(harness: Harness) -> None:
+    """One orphan frees its IP from the other's block, which the other then deletes: the later
+    write's value before is the earlier's value after. The restore undoes the last host first."""
+    harness.seed(s.cross_borrowing_fleet(2))
+    before = values(harness)
+    report, code = harness.run(harness.config(apply=True, max_orphan_fraction=1.0))
+    assert code == 0 and report["summary"]["deleted"] == 2
+    written = [{c["key"] for c in h["changes"]} for h in report["hosts"]]
+    assert written[0] & written[1], "a key both hosts wrote"
+    document, code = harness.restore(harness.config(apply=True))
+    assert code == 0, [c["message"] for h in document["hosts"] for c in h["conflicts"]]
+    assert [h["name"] for h in document["hosts"]] == [h["name"] for h in reversed(report["hosts"])]
+    after = values(harness)
+    assert calico.semantic(after) == calico.semantic(before) and calico.ipam_problems(after) == []
 
 
 def test_a_second_restore_finds_nothing_left_to_do(harness: Harness) -> None:
