@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from job.config import Config, format_duration
-from job.core.model import Action, DataProblem, HostDecision, Plan, Write
+from job.core.model import Action, DataProblem, HostDecision, Plan, Step, Write
 
 SCHEMA_VERSION = "calico-gc/report/v1"
 SCHEMA_PATH = Path(__file__).parent.parent / "report.schema.json"  # the report's public contract, at the top
@@ -99,17 +99,19 @@ def _host(decision: HostDecision) -> dict[str, Any]:
     return entry
 
 
-def unfinished(record: RunRecord, decisions: Sequence[HostDecision], now: datetime, version: str) -> dict[str, Any]:
-    """The report kept before a run's first write, for a run that never gets to keep its own
-    (SIGKILL, OOM, its node lost): each host it is about to delete `failed`, every planned write
-    in doubt, and no exit code. A restore of it puts back what was done and finds the rest as the
-    run found it, as it does for any write in doubt."""
-    hosts = [
-        replace(d, action=Action.FAILED, reason=UNFINISHED, error=UNFINISHED_ERROR, steps=(), in_doubt=d.steps)
-        if d.action is Action.WOULD_DELETE
-        else d
-        for d in decisions
-    ]
+def in_progress(decision: HostDecision, done: tuple[Step, ...] = ()) -> HostDecision:
+    """A host as the report kept before the writes lists it: `failed` until the run says better,
+    with the steps it wrote already and every write it plans in doubt."""
+    return replace(
+        decision, action=Action.FAILED, reason=UNFINISHED, error=UNFINISHED_ERROR, steps=done, in_doubt=decision.steps
+    )
+
+
+def unfinished(record: RunRecord, hosts: Sequence[HostDecision], now: datetime, version: str) -> dict[str, Any]:
+    """The report kept before a run's first write (and again where a host is planned anew), for
+    a run that never gets to keep its own (SIGKILL, OOM, its node lost): the hosts `in_progress`
+    and no exit code. A restore of it puts back what was done and finds the rest as the run found
+    it, as it does for any write in doubt."""
     return build(replace(record, decisions=hosts, outcome=UNFINISHED), now, None, version)
 
 

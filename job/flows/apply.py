@@ -51,6 +51,10 @@ CALICO_NODE_WRITTEN = "calico_node_written"  # its Calico Node written meanwhile
 UNEXPECTED = "unexpected"
 
 
+# A host planned again after a conflict: its new plan (before-values in), and the steps it wrote.
+Replanned = Callable[[HostDecision, tuple[Step, ...]], None]
+
+
 class NodeChecker(Protocol):
     def node_exists(self, name: str) -> bool: ...
 
@@ -101,9 +105,11 @@ def apply_host(
     config: Config,
     inventory: Inventory,
     run_index: Callable[[], IpamIndex],
+    replanned: Replanned,
 ) -> HostDecision:
     """Delete one host; the result says deleted, skipped or failed, with what was committed.
-    `run_index` gives the inventory's IPAM index (built once a run, at the first conflict)."""
+    `run_index` gives the inventory's IPAM index (built once a run, at the first conflict);
+    `replanned` is told what the host will write once planned again, before it writes."""
     index: IpamIndex | None = None
     host = decision.host.name
     link = k8s_link(decision.host, config) or host
@@ -131,7 +137,7 @@ def apply_host(
         return None
 
     current: HostDecision | None = decision
-    for _ in range(MAX_REPLANS):
+    for attempt in range(MAX_REPLANS):
         assert current is not None
         # Before the first write, and again after each conflict: a conflict may be the sign of a
         # Node that came back, its calico-node writing its own data again.
@@ -139,6 +145,8 @@ def apply_host(
             return back
         try:
             current = with_befores(current, datastore)
+            if attempt:
+                replanned(current, tuple(committed))
             for step in current.steps:
                 try:
                     applied = datastore.commit(step)
@@ -184,11 +192,12 @@ def _apply_guarded(
     config: Config,
     inventory: Inventory,
     run_index: Callable[[], IpamIndex],
+    replanned: Replanned,
 ) -> HostDecision:
     """A bug met while deleting one host fails that host, never the run: the others go on and
     the report says what really happened to each."""
     try:
-        return apply_host(decision, datastore, nodes, config, inventory, run_index)
+        return apply_host(decision, datastore, nodes, config, inventory, run_index, replanned)
     except Exception as error:
         log.exception("unexpected_error", host=decision.host.name)
         return replace(decision, action=Action.FAILED, reason=UNEXPECTED, steps=(), error=describe_error(error))
@@ -202,6 +211,7 @@ def apply_plan(
     config: Config,
     still_held: Callable[[], bool],
     stopping: Callable[[], bool] = lambda: False,
+    replanned: Replanned = lambda decision, done: None,
 ) -> tuple[HostDecision, ...]:
     """Every planned deletion, one host at a time; one failure never stops the others. A lost
     lock (another run took over) stops all that remain, so two runs never act at once, and so
@@ -221,7 +231,7 @@ def apply_plan(
                 log.warning("host_not_started", host=decision.host.name, reason=halted)
                 decision = replace(decision, action=Action.SKIPPED, reason=halted, steps=())
             else:
-                decision = _apply_guarded(decision, datastore, nodes, config, inventory, run_index)
+                decision = _apply_guarded(decision, datastore, nodes, config, inventory, run_index, replanned)
         results.append(decision)
     return tuple(results)
 

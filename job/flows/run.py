@@ -33,11 +33,19 @@ from job.core.inventory import Inventory
 from job.core.ipam import stale_handles
 from job.core.kept import KubeVirt
 from job.core.leaks import LEAK_RELEASED, Allocation, LeakPlan, as_listed, plan_leaks, settler
-from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, Plan, PodInfo
+from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, Plan, PodInfo, Step
 from job.core.plan import HANDLE_REPAIRED, plan_run
-from job.core.report import UNFINISHED, Befores, RunRecord, build, unfinished
+from job.core.report import UNFINISHED, Befores, RunRecord, build, in_progress, unfinished
 from job.core.scan import BlockScan, scan_blocks
-from job.flows.apply import NodeChecker, apply_leaks, apply_plan, apply_repairs, before_values, with_befores
+from job.flows.apply import (
+    NodeChecker,
+    Replanned,
+    apply_leaks,
+    apply_plan,
+    apply_repairs,
+    before_values,
+    with_befores,
+)
 
 log = structlog.get_logger("calico_gc")
 
@@ -243,29 +251,43 @@ def _note_failure(report: dict[str, Any], kind: str, failure: str | None) -> Non
         report["summary"]["errors"] += 1
 
 
-def _keep_unfinished(config: Config, deps: Dependencies, record: RunRecord, plan: Plan) -> Plan:
+def _keep_unfinished(config: Config, deps: Dependencies, record: RunRecord, plan: Plan) -> tuple[Plan, Replanned]:
     """Before the first write, keep the report of a run that never finishes: every write planned,
-    with its before-value, in doubt. The final report replaces it; a run killed on the way (SIGKILL,
-    OOM, its node lost) leaves it, for a restore. The plan comes back with its before-values,
-    fetched here once, not again host by host."""
+    with its before-value, in doubt; kept again where a host is planned anew after a conflict, so
+    that it lists what that host will write now. The final report replaces it; a run killed on
+    the way (SIGKILL, OOM, its node lost) leaves it, for a restore. The plan comes back with its
+    before-values, fetched here once, not again host by host."""
     reports = deps.reports
     if not (config.keep_reports and reports and any(d.action is Action.WOULD_DELETE for d in plan.decisions)):
-        return plan
+        return plan, lambda decision, done: None
 
     def filled() -> tuple[HostDecision, ...]:
         return tuple(with_befores(d, deps.datastore) if d.action is Action.WOULD_DELETE else d for d in plan.decisions)
 
+    def kept(hosts: Sequence[HostDecision], when: str) -> None:
+        try:
+            kept_as = reports.keep(unfinished(record, hosts, deps.clock(), __version__))
+        except KeepError as error:
+            log.warning("report_keep_failed", error=str(error), effect="a run killed before its end leaves no report")
+            record.error("report_keep", f"the report was not kept in the cluster {when}: {error}")
+            return
+        record.kept_unfinished = True
+        log.info("report_kept", configmap=kept_as, outcome=UNFINISHED)
+
     try:
         decisions = _read(deps, "the before-values of the hosts to delete", filled)
-        report = unfinished(record, decisions, deps.clock(), __version__)
-        kept_as = _read(deps, "the kept reports' ConfigMaps", reports.keep, report)
-    except (DatastoreError, KeepError) as error:
-        log.warning("report_keep_failed", error=str(error), effect="a run killed before its end leaves no report")
+    except DatastoreError as error:
         record.error("report_keep", f"the report was not kept in the cluster before the writes: {error}")
-        return plan
-    record.kept_unfinished = True
-    log.info("report_kept", configmap=kept_as, outcome=UNFINISHED)
-    return replace(plan, decisions=decisions)
+        return plan, lambda decision, done: None
+    hosts = [in_progress(d) if d.action is Action.WOULD_DELETE else d for d in decisions]
+    kept(hosts, "before the writes")
+    place = {d.host.name: index for index, d in enumerate(decisions)}
+
+    def replanned(decision: HostDecision, done: tuple[Step, ...]) -> None:
+        hosts[place[decision.host.name]] = in_progress(decision, done)
+        kept(hosts, f"as {decision.host.name} was planned anew")
+
+    return replace(plan, decisions=decisions), replanned
 
 
 def keep(config: Config, deps: Dependencies, report: dict[str, Any], replacing: bool = False) -> None:
@@ -431,8 +453,8 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     saved = _save_state(deps.state, decided.sightings, record)
     if not config.apply:
         return ExitCode.OK
-    decided = decided._replace(plan=_keep_unfinished(config, deps, record, decided.plan))
-    repairs, leak_actions = _apply(config, deps, record, inventory, decided)
+    plan, replanned = _keep_unfinished(config, deps, record, decided.plan)
+    repairs, leak_actions = _apply(config, deps, record, inventory, decided._replace(plan=plan), replanned)
     return _settle(deps, record, decided.sightings, repairs, leak_actions, saved)
 
 
@@ -549,12 +571,12 @@ def _decide(
 
 
 def _apply(
-    config: Config, deps: Dependencies, record: RunRecord, inventory: Inventory, decided: Decided
+    config: Config, deps: Dependencies, record: RunRecord, inventory: Inventory, decided: Decided, replanned: Replanned
 ) -> tuple[tuple[HandleRepair, ...], dict[str, str]]:
     """The writes: the hosts, then the stale handles, then the leaked IPs; each failure recorded."""
     still_held = deps.lock.still_held if deps.lock else (lambda: True)
     record.decisions = apply_plan(
-        decided.plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set
+        decided.plan, inventory, deps.datastore, deps.nodes, config, still_held, deps.stopping.is_set, replanned
     )
     repairs, failures = apply_repairs(decided.plan.repairs, deps.datastore, still_held, deps.stopping.is_set)
     for failure in failures:
