@@ -239,23 +239,23 @@ def check_undo_at_every_kill(
         assert calico.semantic(keyspace.values()) == seeded, f"{action} at write {index}"
 
 
-@pytest.mark.parametrize("action", ["kill_before", "kill_after"])
-def test_a_run_killed_at_any_write_leaves_a_report_a_restore_undoes_it_from(
-    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction
+KILLS = ["kill_before", "kill_after"]
+
+
+@pytest.mark.parametrize("action", KILLS)
+@pytest.mark.parametrize("keyspace", [etcdv3, pytest.param(etcdv2, marks=pytest.mark.slow)], ids=["v3", "v2"])
+def test_a_run_killed_at_any_write_on_etcd_leaves_a_report_a_restore_undoes_it_from(
+    harness: Harness,
+    relay: WriteRelay,
+    zygote: Zygote,
+    keyspace: Callable[[Harness, int], Keyspace],
+    action: RelayAction,
 ) -> None:
-    check_undo_at_every_kill(harness, relay, zygote, etcdv3(harness, 2), action)
+    check_undo_at_every_kill(harness, relay, zygote, keyspace(harness, 2), action)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("action", ["kill_before", "kill_after"])
-def test_a_run_killed_at_any_write_on_etcd_v2_leaves_a_report_a_restore_undoes_it_from(
-    harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction
-) -> None:
-    check_undo_at_every_kill(harness, relay, zygote, etcdv2(harness, 2), action)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("action", ["kill_before", "kill_after"])
+@pytest.mark.parametrize("action", KILLS)
 def test_a_run_killed_at_any_write_on_the_kubernetes_datastore_leaves_a_report_a_restore_undoes_it_from(
     harness: Harness, relay: WriteRelay, zygote: Zygote, action: RelayAction, group: Group
 ) -> None:
