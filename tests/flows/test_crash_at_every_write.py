@@ -5,7 +5,8 @@ behind a relay that counts etcd write transactions. At every
 write index it is killed with SIGKILL before the write reaches etcd, or after etcd committed
 it but before the answer came back; or the write's compare is made to fail by a concurrent
 writer. A resumed run must then leave exactly the keyspace one clean run leaves, with every
-block valid and every handle counting exactly what its blocks hold.
+block valid and every handle counting exactly what its blocks hold. And a restore from the
+report a killed run kept before its writes must give back exactly what was seeded.
 """
 
 from __future__ import annotations

@@ -75,6 +75,10 @@ def test_a_stop_signal_finishes_the_host_in_flight_reports_and_releases_the_leas
     assert calico.ipam_problems({k: v for k, (v, _) in keys.items()}) == []
     lease = harness.kubeapi.get(LEASES, "calico-gc")
     assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"
+    # The report kept before the writes (`unfinished`) is replaced by this one.
+    keeper = harness.dependencies(harness.config()).reports
+    assert keeper is not None
+    assert [(k["run-id"], k["outcome"]) for k in keeper.list()] == [(report["run_id"], "interrupted")]
 
 
 @pytest.mark.usefixtures("fleet")
