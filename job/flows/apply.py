@@ -83,19 +83,24 @@ def before_values(datastore: Datastore, wanted: Sequence[tuple[str, int]]) -> di
     return {key: item.value for key, item in now.items() if item.revision == seen[key] and item.value is not None}
 
 
-def with_befores(decision: HostDecision, datastore: Datastore) -> HostDecision:
-    """A host's writes with the before-values the read did not keep, fetched just before they
-    are committed: the report and a restore need them, and only one host's are fetched at a time."""
-    missing = [(w.key, w.revision) for step in decision.steps for w in step.writes if w.before is None]
+def with_befores(decisions: Sequence[HostDecision], datastore: Datastore) -> list[HostDecision]:
+    """Hosts' writes with the before-values the read did not keep, in one read for them all:
+    the report and a restore need them. Fetched before the writes, for the hosts a run will
+    delete (at most --max-deletions), and again for a host planned anew."""
+    missing = [(w.key, w.revision) for d in decisions for step in d.steps for w in step.writes if w.before is None]
     if not missing:
-        return decision
+        return list(decisions)
     values = before_values(datastore, missing)
 
     def filled(step: Step) -> Step:
         writes = tuple(replace(w, before=values.get(w.key)) if w.before is None else w for w in step.writes)
         return replace(step, writes=writes)
 
-    return replace(decision, steps=tuple(filled(step) for step in decision.steps))
+    return [replace(d, steps=tuple(filled(step) for step in d.steps)) for d in decisions]
+
+
+def ignore_replans(decision: HostDecision, done: tuple[Step, ...]) -> None:
+    """A Replanned for a run that keeps no report before its writes: nothing to tell."""
 
 
 def apply_host(
@@ -144,7 +149,7 @@ def apply_host(
         if (back := recheck()) is not None:
             return back
         try:
-            current = with_befores(current, datastore)
+            [current] = with_befores([current], datastore)
             if attempt:
                 replanned(current, tuple(committed))
             for step in current.steps:
@@ -211,7 +216,7 @@ def apply_plan(
     config: Config,
     still_held: Callable[[], bool],
     stopping: Callable[[], bool] = lambda: False,
-    replanned: Replanned = lambda decision, done: None,
+    replanned: Replanned = ignore_replans,
 ) -> tuple[HostDecision, ...]:
     """Every planned deletion, one host at a time; one failure never stops the others. A lost
     lock (another run took over) stops all that remain, so two runs never act at once, and so

@@ -44,6 +44,7 @@ from job.flows.apply import (
     apply_plan,
     apply_repairs,
     before_values,
+    ignore_replans,
     with_befores,
 )
 
@@ -258,11 +259,9 @@ def _keep_unfinished(config: Config, deps: Dependencies, record: RunRecord, plan
     the way (SIGKILL, OOM, its node lost) leaves it, for a restore. The plan comes back with its
     before-values, fetched here once, not again host by host."""
     reports = deps.reports
-    if not (config.keep_reports and reports and any(d.action is Action.WOULD_DELETE for d in plan.decisions)):
-        return plan, lambda decision, done: None
-
-    def filled() -> tuple[HostDecision, ...]:
-        return tuple(with_befores(d, deps.datastore) if d.action is Action.WOULD_DELETE else d for d in plan.decisions)
+    deleting = [d for d in plan.decisions if d.action is Action.WOULD_DELETE]
+    if not (config.keep_reports and reports and deleting):
+        return plan, ignore_replans
 
     def kept(hosts: Sequence[HostDecision], when: str) -> None:
         try:
@@ -275,10 +274,11 @@ def _keep_unfinished(config: Config, deps: Dependencies, record: RunRecord, plan
         log.info("report_kept", configmap=kept_as, outcome=UNFINISHED)
 
     try:
-        decisions = _read(deps, "the before-values of the hosts to delete", filled)
+        filled = iter(_read(deps, "the before-values of the hosts to delete", with_befores, deleting, deps.datastore))
     except DatastoreError as error:
         record.error("report_keep", f"the report was not kept in the cluster before the writes: {error}")
-        return plan, lambda decision, done: None
+        return plan, ignore_replans
+    decisions = tuple(next(filled) if d.action is Action.WOULD_DELETE else d for d in plan.decisions)
     hosts = [in_progress(d) if d.action is Action.WOULD_DELETE else d for d in decisions]
     kept(hosts, "before the writes")
     place = {d.host.name: index for index, d in enumerate(decisions)}

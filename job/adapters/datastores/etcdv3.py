@@ -122,7 +122,7 @@ FIRST_PAGE_KEYS = 1000
 # The values of gone hosts' workload endpoints a lean read keeps (_collect_endpoints): what their
 # deletes remove, so that neither the report nor an apply reads them again. VALUE_BYTES_PER_HOST for
 # each host the run may delete (--max-deletions), ORPHAN_VALUE_BYTES at most: 500 gone hosts of 20
-# pods hold ~7.2 MB. Past the budget a value is fetched when its write is (apply.with_befores). At
+# pods hold ~7.2 MB. Past the budget a value is fetched before the writes (apply.with_befores). At
 # 15,000 hosts with 1,500 gone, 16 MB of them took the peak from 186 to 198 MB (goal 200).
 ORPHAN_VALUE_BYTES = 8 << 20
 VALUE_BYTES_PER_HOST = 32 << 10
@@ -527,7 +527,7 @@ def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int,
         # Kept as text: the block scan numbers them (ip_number), and a plan validates an orphan's.
         ips = [n.split("/", 1)[0] for n in networks]
         node = sys.intern(node)
-        kept: str | None = None  # without it, a write fetches the value (apply.with_befores)
+        kept: str | None = None  # without it, an apply fetches the value (apply.with_befores)
         if live is not None:
             held += ips  # all the leak check needs of an endpoint
             if live(node):
