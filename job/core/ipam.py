@@ -447,20 +447,28 @@ class Networks:
     __slots__ = ("_bases",)
 
     def __init__(self) -> None:
-        self._bases: dict[tuple[int, int], dict[int, str]] = defaultdict(dict)  # (version, length) -> base
+        # version -> host bits (128 or 32 less the prefix length) -> base -> cidr: an address is
+        # looked up only among blocks of its family (a read looks up every endpoint IP).
+        self._bases: dict[int, dict[int, dict[int, str]]] = {4: {}, 6: {}}
+
+    def _shape(self, cidr: str) -> tuple[dict[int, str], int]:
+        network = _network(cidr)
+        width = 128 if network.version == 6 else 32
+        return self._bases[network.version].setdefault(width - network.length, {}), network.base
 
     def add(self, cidr: str) -> None:
-        network = _network(cidr)
-        self._bases[(network.version, network.length)][network.base] = cidr
+        bases, base = self._shape(cidr)
+        bases[base] = cidr
 
     def copy(self) -> Networks:
         copied = Networks()
-        copied._bases.update((shape, dict(bases)) for shape, bases in self._bases.items())
+        for version, shapes in self._bases.items():
+            copied._bases[version] = {bits: dict(bases) for bits, bases in shapes.items()}
         return copied
 
     def discard(self, cidr: str) -> None:
-        network = _network(cidr)
-        self._bases[(network.version, network.length)].pop(network.base, None)
+        bases, base = self._shape(cidr)
+        bases.pop(base, None)
 
     def locate(self, ip: str) -> tuple[str, int] | None:
         """The block `ip` is in and its ordinal there; None when in none (or not an address)."""
@@ -469,13 +477,11 @@ class Networks:
 
     def at(self, version: int, address: int) -> tuple[str, int] | None:
         """The block an address (as a number) is in and its ordinal there; None when in none."""
-        width = 128 if version == 6 else 32
-        for (family, length), bases in self._bases.items():
-            if family == version:
-                base = address >> (width - length) << (width - length)
-                cidr = bases.get(base)
-                if cidr is not None:
-                    return cidr, address - base
+        for bits, bases in self._bases[version].items():
+            base = address >> bits << bits
+            cidr = bases.get(base)
+            if cidr is not None:
+                return cidr, address - base
         return None
 
 

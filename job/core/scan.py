@@ -46,7 +46,7 @@ class BlockScan:
     leak check, so that each block is parsed once a run (and again only where a leak may be).
 
     Leak candidates are found in three moves, so that no set of every endpoint IP is needed: `add`
-    marks, per block, the ordinals that name a pod on a live node (leaks.pod_attribution);
+    marks, per block, the ordinals that may name a pod on a live node (a live node and a namespace);
     `held_by_endpoints` clears those any workload endpoint holds (in the Kubernetes datastore, any
     listed pod); `attribute` turns what is left into `pod_ips`, parsing only those blocks."""
 
@@ -109,9 +109,11 @@ class BlockScan:
             secondary = attribute.get("secondary")
             node = secondary.get("node") if isinstance(secondary, dict) else None
             if not isinstance(node, str):
-                node = None
+                node = namespace = None
             elif isinstance(namespace := secondary.get("namespace"), str):  # a pod's
                 namespaces.add(namespace)
+            else:
+                namespace = None
             if (node and VM_NAME in secondary) or ALTERNATE in attribute or (handle and VM_HANDLE_MARK in handle):
                 self.owned_specially.append((cidr, ordinal, attribute))
             elif RELEASED_AT in attribute and not handle:  # in IP cooldown (a few a block, at most)
@@ -141,8 +143,13 @@ class BlockScan:
             held.add(handle, cidr)
             if handles is not None and handle not in handles:
                 self.dangling.append({"ip": address_in(cidr)(ordinal), "handle": handle})
-            # What pod_attribution needs first (a live node, or Calico 2.x's none), tested before the call.
-            if (node in live_nodes if node else calico2) and pod_attribution(attribute, handle, live_nodes, calico2):
+            # A pod's on a live node, as far as a node and a namespace tell: `attribute` applies
+            # pod_attribution whole to what no endpoint holds (a call here was a tenth of the scan).
+            # Calico 2.x records no node: there the handle names the pod.
+            if node:
+                if namespace and node in live_nodes:
+                    bits |= 1 << ordinal
+            elif calico2 and pod_attribution(attribute, handle, live_nodes, calico2):
                 bits |= 1 << ordinal
         if hosts:
             per_node[host or ""] += hosts

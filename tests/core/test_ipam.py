@@ -25,6 +25,7 @@ from job.adapters.datastores.etcdv3 import (
 )
 from job.core.ipam import (
     Held,
+    Networks,
     address_in,
     address_number,
     block_shape_problem,
@@ -665,3 +666,23 @@ def test_a_handle_reads_as_the_json_decoder_reads_it(text: str) -> None:
         assert [type(v) for v in (decoded.get("block") or {}).values()] == [
             type(v) for v in (parsed.get("block") or {}).values()
         ]
+
+
+def test_an_address_is_found_in_its_block_among_blocks_of_both_families_and_sizes() -> None:
+    """Networks finds an address's block and ordinal by family and prefix length; a copy is its
+    own (a re-plan edits one), and a block discarded is found no more."""
+    networks = Networks()
+    for cidr in ("10.0.0.0/26", "10.0.1.0/28", "fd00::/122", "fd00::1:0/122", "0.0.0.0/26"):
+        networks.add(cidr)
+    assert networks.locate("10.0.0.63") == ("10.0.0.0/26", 63)
+    assert networks.locate("10.0.1.15") == ("10.0.1.0/28", 15)
+    assert networks.locate("10.0.1.16") is None
+    assert networks.locate("fd00::1:3f") == ("fd00::1:0/122", 63)
+    assert networks.locate("::5") is None  # the IPv6 address of IPv4 0.0.0.5's number: another family
+    assert networks.locate("0.0.0.5") == ("0.0.0.0/26", 5)
+    assert networks.locate("not an address") is None
+    copied = networks.copy()
+    copied.discard("10.0.0.0/26")
+    assert copied.locate("10.0.0.1") is None
+    assert networks.locate("10.0.0.1") == ("10.0.0.0/26", 1)
+    assert copied.locate("fd00::2") == ("fd00::/122", 2)

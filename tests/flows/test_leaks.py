@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from job.core.model import IpamBlock, StoredItem
 from job.core.scan import BlockScan
 from tests.adapters.test_etcdv2 import seeded
 from tests.adapters.test_kdd import CRD, LIVE_A, cidr_name, kdd, seed_kdd
@@ -233,6 +234,34 @@ def test_an_endpoint_ip_read_before_the_last_block_still_holds_its_ip() -> None:
     assert scan.unheld == {"10.9.0.0/30": 0b10}  # only p2's IP: no endpoint holds it
     scan.held_by_endpoints(["10.9.0.1"])  # after blocks_read: at once
     assert scan.unheld == {"10.9.0.0/30": 0}
+
+
+def test_only_an_allocation_that_names_a_pod_on_a_live_node_is_a_leak_candidate() -> None:
+    """The scan marks an allocation of a live node with a namespace as it reads the block; one
+    that names no pod (another writer's, or a pod of an empty name) is dropped when the leak
+    candidates are made, and a tunnel address (a node, no namespace) or a gone node's allocation
+    is never marked. Without the last check an allocation naming no pod would be called leaked."""
+    attributes = [
+        {"handle_id": "k8s-pod-network.c1", "secondary": {"node": "a", "namespace": "ns", "pod": "p1"}},
+        {"handle_id": "k8s-pod-network.c2", "secondary": {"node": "a", "namespace": "ns"}},
+        {"handle_id": "k8s-pod-network.c3", "secondary": {"node": "a", "namespace": "ns", "pod": ""}},
+        {"handle_id": "ipip-tunnel-addr-a", "secondary": {"node": "a", "type": "ipipTunnelAddress"}},
+        {"handle_id": "k8s-pod-network.c5", "secondary": {"node": "gone", "namespace": "ns", "pod": "p5"}},
+        {"handle_id": "k8s-pod-network.c6", "secondary": {"node": "a", "namespace": 7, "pod": "p6"}},
+    ]
+    block = {
+        "cidr": "10.9.0.0/29",
+        "affinity": "host:a",
+        "allocations": [0, 1, 2, 3, 4, 5, None, None],
+        "unallocated": [6, 7],
+        "attributes": attributes,
+    }
+    scan = BlockScan(frozenset({"a"}))
+    scan.add("10.9.0.0/29", block)
+    scan.blocks_read()
+    assert scan.unheld == {"10.9.0.0/29": 0b111}
+    scan.attribute([IpamBlock(StoredItem(BLOCK, 1, json.dumps(block)), "10.9.0.0/29")])
+    assert {key: [a.ip for a in found] for key, found in scan.pod_ips.items()} == {("ns", "p1"): ["10.9.0.0"]}
 
 
 def test_pods_listed_without_their_namespace_settle_by_name_and_ip(harness: Harness) -> None:
