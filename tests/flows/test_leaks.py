@@ -240,7 +240,7 @@ def test_only_an_allocation_that_names_a_pod_on_a_live_node_is_a_leak_candidate(
     """The scan marks an allocation of a live node with a namespace as it reads the block; one
     that names no pod (another writer's, or a pod of an empty name) is dropped when the leak
     candidates are made, and a tunnel address (a node, no namespace) or a gone node's allocation
-    is never marked. Without the last check an allocation naming no pod would be called leaked."""
+    is never marked. Without `attribute`'s check an allocation naming no pod would be called leaked."""
     attributes = [
         {"handle_id": "k8s-pod-network.c1", "secondary": {"node": "a", "namespace": "ns", "pod": "p1"}},
         {"handle_id": "k8s-pod-network.c2", "secondary": {"node": "a", "namespace": "ns"}},
@@ -260,7 +260,8 @@ def test_only_an_allocation_that_names_a_pod_on_a_live_node_is_a_leak_candidate(
     scan.add("10.9.0.0/29", block)
     scan.blocks_read()
     assert scan.unheld == {"10.9.0.0/29": 0b111}
-    scan.attribute([IpamBlock(StoredItem(BLOCK, 1, json.dumps(block)), "10.9.0.0/29")])
+    key = "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-29"
+    scan.attribute([IpamBlock(StoredItem(key, 1, json.dumps(block)), "10.9.0.0/29")])
     assert {key: [a.ip for a in found] for key, found in scan.pod_ips.items()} == {("ns", "p1"): ["10.9.0.0"]}
 
 
