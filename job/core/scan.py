@@ -144,7 +144,7 @@ class BlockScan:
             if handles is not None and handle not in handles:
                 self.dangling.append({"ip": address_in(cidr)(ordinal), "handle": handle})
             # A pod's on a live node, as far as a node and a namespace tell: `attribute` applies
-            # pod_attribution whole to what no endpoint holds (a call here was a tenth of the scan).
+            # pod_attribution whole to what no endpoint holds (a call here was a sixth of the scan).
             # Calico 2.x records no node: there the handle names the pod.
             if node:
                 if namespace and node in live_nodes:
