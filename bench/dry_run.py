@@ -263,8 +263,8 @@ def main() -> int:
         "--ip-families",
         choices=FAMILIES,
         default="ipv4",
-        help="the pods' addresses: IPv4, or dual stack (an IPv6 /122 block per host too, each pod an address in both "
-        "and one handle counting the two)",
+        help="the pods' addresses: IPv4, dual stack (an IPv6 /122 block per host too, each pod an address in both "
+        "and one handle counting the two), or IPv6 alone (a /122 a host)",
     )
     parser.add_argument(
         "--block-size",
@@ -317,7 +317,7 @@ def main() -> int:
             f"{', no namespace profiles' if options.no_profiles else ''}"
             f"{', hashed container ids' if options.container_ids == 'hashed' else ''}"
             f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}"
-            f"{', dual stack' if options.ip_families == 'dual' else ''}"
+            f"{dict(dual=', dual stack', ipv6=', IPv6 alone').get(options.ip_families, '')}"
             f"{f', /{options.block_size} blocks' if options.block_size != 26 else ''}, "
             f"{kinds['workloadendpoints']} workload endpoints, {kinds['block']} blocks) "
             f"in {time.perf_counter() - started:.1f}s"

@@ -73,9 +73,10 @@ def host_name(index: int, names: str = "aws") -> str:
 HOST_NAMES = ("aws", "gke")
 
 
-# The IP families of the pods: IPv4 alone, or dual stack (an IPv4 and an IPv6 address each, one
-# handle counting both; Calico's CNI plugin allocates them under one handle).
-FAMILIES = ("ipv4", "dual")
+# The IP families of the pods: IPv4 alone, dual stack (an IPv4 and an IPv6 address each, one
+# handle counting both; Calico's CNI plugin allocates them under one handle), or IPv6 alone (a
+# /122 a host, its VXLAN tunnel address at ordinal 1 as calico-node's IPv6 VXLAN tunnel takes one).
+FAMILIES = ("ipv4", "dual", "ipv6")
 IPV6_POOL = ipaddress.IPv6Address("fd00:96::")
 
 
@@ -202,12 +203,17 @@ def host_keys(
     IPv6 block is a /122, holding 62 pods)."""
     name = host_name(index, names)
     size = 2 ** (32 - block_size)
-    ipv4 = _ipv4_blocks(index, block_size, pods + 2)
-    blocks = ipv4 + ([_block(index, 6)] if families == "dual" else [])
+    ipv4 = [] if families == "ipv6" else _ipv4_blocks(index, block_size, pods + 2)
+    blocks = ipv4 + ([_block(index, 6)] if families != "ipv4" else [])
     (cidr, address), *_ = blocks
-    bgp = {"ipv4Address": f"10.{index // 250}.{index % 250}.10/19", "ipv4IPIPTunnelAddr": address(1)}
-    if families == "dual":
+    bgp: dict[str, str] = {}
+    if families != "ipv6":
+        bgp.update(ipv4Address=f"10.{index // 250}.{index % 250}.10/19", ipv4IPIPTunnelAddr=address(1))
+    if families != "ipv4":
         bgp["ipv6Address"] = f"fd00:10::{index:x}:10/64"
+    spec: dict[str, object] = {"bgp": bgp}
+    if families == "ipv6":
+        spec["ipv6VXLANTunnelAddr"] = address(1)
     yield (
         f"{R}nodes/{name}",
         _dump(
@@ -220,19 +226,21 @@ def host_keys(
                     "creationTimestamp": "2026-01-01T00:00:00Z",
                     "labels": {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": "eu-west-1a"},
                 },
-                "spec": {"bgp": bgp, "orchRefs": [{"nodeName": name, "orchestrator": "k8s"}]},
+                "spec": {**spec, "orchRefs": [{"nodeName": name, "orchestrator": "k8s"}]},
             }
         ),
     )
     # Each block's attributes and allocations: the pods at ordinals 2 on of the host's addresses
     # in every family; the tunnel (ordinal 1) and a borrowed IP (BORROWED_ORDINAL) in the first
-    # IPv4 block only.
-    tunnel = {"handle_id": f"ipip-tunnel-addr-{name}", "secondary": {"node": name, "type": "ipipTunnelAddress"}}
-    yield f"/calico/ipam/v2/handle/ipip-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
+    # block only (the IPv4 one, where there is one).
+    kind, type_ = ("vxlan-v6", "vxlanV6TunnelAddress") if families == "ipv6" else ("ipip", "ipipTunnelAddress")
+    tunnel = {"handle_id": f"{kind}-tunnel-addr-{name}", "secondary": {"node": name, "type": type_}}
+    yield f"/calico/ipam/v2/handle/{kind}-tunnel-addr-{name}", _dump({"block": {cidr: 1}, "deleted": False})
     held: list[dict[int, dict[str, object]]] = [{1: tunnel}] + [{} for _ in blocks[1:]]
     for pod in range(pods):
         ordinal = pod + 2
-        places = [(ordinal // size, ordinal % size)] + [(len(ipv4), ordinal)] * (len(blocks) - len(ipv4))
+        places = [(ordinal // size, ordinal % size)] if ipv4 else []
+        places += [(len(ipv4), ordinal)] * (len(blocks) - len(ipv4))
         for number, within in places:
             held[number][within] = _pod_attribute(index, pod, namespaces, hashed, names)
         addresses = [(blocks[number][1](within), blocks[number][0]) for number, within in places]
@@ -327,7 +335,7 @@ def datastore(
         pods = pods_on(index, pods_per_host, shape)
         if not orphan and extra_endpoints:
             pods += extra_endpoints // live + (index < extra_endpoints % live)
-        if borrow or families == "dual":
+        if borrow or families != "ipv4":
             assert pods + 2 < BORROWED_ORDINAL, "a /26 (or /122) holds the tunnel, the pods and one borrowed IP"
             assert block_size == 26, "a borrowed IP is in a lender's first /26, the IPv6 block a /122 of 62 pods"
         lends_to = live + index if borrow and index < orphans else None

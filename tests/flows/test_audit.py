@@ -210,6 +210,18 @@ def test_the_benchs_dual_stack_fleet_is_read_whole_and_its_orphans_go_from_both_
     assert sum("/ipv6/block/" in k for k in after) == 2 * (24 - 4)
 
 
+def test_the_benchs_ipv6_fleet_is_read_whole_and_its_orphans_go_with_their_ipv6_tunnel(harness: Harness) -> None:
+    """bench.generate's IPv6-only layout (`--ip-families ipv6`): no IPv4 block, each host's
+    VXLAN tunnel address (`ipv6VXLANTunnelAddr`, handle `vxlan-v6-tunnel-addr-<node>`) in its
+    /122; every gone host's block, affinity, tunnel handle and endpoints go (bench_fleet_deleted)."""
+    before, after = bench_fleet_deleted(harness, 3, families="ipv6")
+    assert not any("/ipv4/" in k for k in before)
+    assert sum("/ipv6/block/" in k for k in before) == 2 * 24, "a block and an affinity per host"
+    assert sum("/ipv6/block/" in k for k in after) == 2 * (24 - 4)
+    tunnels = [k for k in after if "/handle/vxlan-v6-tunnel-addr-" in k]
+    assert len(tunnels) == 24 - 4
+
+
 def test_the_benchs_fleet_of_small_blocks_is_read_whole_and_its_orphans_go_with_every_block(harness: Harness) -> None:
     """bench.generate's hosts with as many /28 blocks as their pods need (`make bench`'s
     `--block-size 28`): every gone host's blocks go (bench_fleet_deleted)."""
