@@ -37,6 +37,7 @@ from bench.generate import FAMILIES, HOST_NAMES, SHAPES, datastore, host_name, l
 from job.adapters.datastores.etcdv3 import (
     HOST_GROUPS,
     IPAM_GROUPS,
+    NODES,
     PREFIXES,
     WORKLOAD_ENDPOINTS,
     EtcdV3Datastore,
@@ -138,16 +139,21 @@ class EtcdCpu:
 
 
 def parallel_read_seconds(config: Config) -> float:
-    """The same keys read the way the job reads them (prefixes side by side), parsing nothing. The
-    handles' pages are bounded only by windows: the job's bounds for them are handle ids sampled
-    from the blocks it files (BlockScan.handle_samples), which a read that parses nothing has not."""
+    """The same keys read the way the job reads them (prefixes side by side), parsing nothing; the
+    endpoints' pages bounded as the job's, by the namespaces' starts and, in few namespaces, the
+    sampled hosts' (the Calico Nodes' names, read first). The handles' pages are bounded only by
+    windows: the job's bounds for them are handle ids sampled from the blocks it files
+    (BlockScan.handle_samples), which a read that parses nothing has not."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     revision = store.range(PREFIXES[0], None, None)[0].header.revision
-    bounds = {WORKLOAD_ENDPOINTS: NamespaceStarts(store._namespace_profiles(revision))}
-    for groups in (HOST_GROUPS, IPAM_GROUPS):
-        with store._items(revision, groups, bounds=bounds) as items:
-            sum(len(kvs) for _, kvs in items)
+    hosts: list[str] = []
+    with store._items(revision, HOST_GROUPS) as items:
+        for prefix, kvs in items:
+            hosts += [kv.key.decode()[len(NODES) :] for kv in kvs] if prefix == NODES else []
+    bounds = {WORKLOAD_ENDPOINTS: NamespaceStarts(store._namespace_profiles(revision), hosts)}
+    with store._items(revision, IPAM_GROUPS, bounds=bounds) as items:
+        sum(len(kvs) for _, kvs in items)
     seconds = time.perf_counter() - started
     store.close()
     return seconds

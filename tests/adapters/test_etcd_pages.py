@@ -380,3 +380,36 @@ def test_the_handles_pages_stop_at_handles_the_blocks_name(etcd: EtcdServer, mon
         handles[sampled] = sorted(inventory.handles)
     assert handles[True] == handles[False] and len(handles[True]) >= 50
     assert 2 * counted[True] < counted[False], counted
+
+
+def test_in_one_namespace_the_endpoints_pages_stop_where_sampled_hosts_start(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pod in one namespace: no namespace start bounds the endpoints' pages, and a window
+    guessed from a page's keys read as numbers overshoots on host names. Bounds where every
+    HOSTS_PER_BOUND-th host's endpoints start keep etcd's count near what it returns; without them
+    (FEW_NAMESPACES 0) it counts more than twice as many keys past those it returns (the blocks'
+    and handles' pages are the same in both reads). Either way every endpoint is read."""
+    from bench.generate import datastore, host_name, orphan_indexes
+
+    hosts, orphans = 1000, 100
+    gone = orphan_indexes(hosts, orphans, "namespaces")
+    live = {host_name(index) for index in range(hosts) if index not in gone}
+    calico.load(etcd.url, dict(datastore(hosts, orphans, 4, shape="namespaces", namespaces=1)))
+    counted, endpoints = {}, {}
+    for sampled in (True, False):
+        if not sampled:
+            monkeypatch.setattr(etcdv3, "FEW_NAMESPACES", 0)
+        store = EtcdV3Datastore(
+            Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=200), RetryPolicy()
+        )
+        try:
+            inventory = store.read(lambda: live)
+            ranges = store.describe()["ranges"]
+        finally:
+            store.close()
+        assert isinstance(ranges, dict)
+        counted[sampled] = ranges["keys_counted"] - ranges["keys"]  # counted past what was returned
+        endpoints[sampled] = sorted(e.item.key for h in inventory.hosts for e in h.workload_endpoints)
+    assert endpoints[True] == endpoints[False] and endpoints[True]
+    assert counted[False] > 2 * counted[True], counted
