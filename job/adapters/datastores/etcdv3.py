@@ -100,8 +100,8 @@ READ_QUEUE_PAGES = 2
 # GIL back to ask for its next page; at Python's default (5 ms) etcd sat idle meanwhile.
 READ_SWITCH_INTERVAL = 0.001
 WINDOW_PAGES = 8  # a page's range is guessed to hold this many pages (Window)
-# The endpoints' bounds where every 50th host's start in a namespace, in at most 32 namespaces
-# (NamespaceStarts): 5,000 hosts, 100 a namespace (at 15,000, 9,600 keys in all, about 1 MB).
+# In at most 32 namespaces, the endpoints' pages also stop where every 50th host's endpoints start
+# in each (NamespaceStarts): 100 bounds a namespace at 5,000 hosts; at 15,000, 9,600 in all (1 MB).
 HOSTS_PER_BOUND = 50
 FEW_NAMESPACES = 32
 TUNNEL_FIELDS = (
