@@ -308,6 +308,22 @@ def _fleet_of_namespaces(profiles: bool) -> tuple[dict[str, str], set[str]]:
     return seed.keys, set(hosts)
 
 
+def _read_counting(etcd: EtcdServer, live: set[str], page_size: int) -> tuple[int, list[str]]:
+    """A read of what etcd holds, told these live hosts: the keys etcd counted past those it
+    returned, and the gone hosts' workload endpoints the read filed."""
+    endpoint = EtcdEndpoint("http", "127.0.0.1", etcd.client_port)
+    store = EtcdV3Datastore(Config(etcd_endpoints=(endpoint,), page_size=page_size), RetryPolicy())
+    try:
+        inventory = store.read(lambda: live)
+        ranges = store.describe()["ranges"]
+    finally:
+        store.close()
+    assert isinstance(ranges, dict)
+    counted = ranges["keys_counted"] - ranges["keys"]
+    assert isinstance(counted, int)
+    return counted, sorted(e.item.key for h in inventory.hosts for e in h.workload_endpoints)
+
+
 @pytest.mark.parametrize("learnt", [True, False])
 def test_without_namespace_profiles_the_blocks_pod_allocations_say_where_namespaces_start(
     etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch, learnt: bool
@@ -322,17 +338,7 @@ def test_without_namespace_profiles_the_blocks_pod_allocations_say_where_namespa
         calico.load(etcd.url, keys)
         if not (learnt or profiles):  # the profiles' starts as ever, and nothing learnt from the blocks
             monkeypatch.setattr(NamespaceStarts, "learn", lambda self, names: None)
-        store = EtcdV3Datastore(
-            Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=20), RetryPolicy()
-        )
-        try:
-            inventory = store.read(lambda hosts=hosts: set(hosts) - {"ip-10-0-3-10"})  # one host gone
-            ranges = store.describe()["ranges"]
-        finally:
-            store.close()
-        assert isinstance(ranges, dict)
-        counted[profiles] = ranges["keys_counted"] - ranges["keys"]  # counted past what was returned
-        endpoints[profiles] = sorted(e.item.key for h in inventory.hosts for e in h.workload_endpoints)
+        counted[profiles], endpoints[profiles] = _read_counting(etcd, hosts - {"ip-10-0-3-10"}, 20)  # one host gone
     assert endpoints[True] == endpoints[False] and endpoints[True]
     if learnt:
         assert counted[False] <= 1.5 * counted[True], counted
@@ -400,16 +406,6 @@ def test_in_one_namespace_the_endpoints_pages_stop_where_sampled_hosts_start(
     for sampled in (True, False):
         if not sampled:
             monkeypatch.setattr(etcdv3, "FEW_NAMESPACES", 0)
-        store = EtcdV3Datastore(
-            Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=200), RetryPolicy()
-        )
-        try:
-            inventory = store.read(lambda: live)
-            ranges = store.describe()["ranges"]
-        finally:
-            store.close()
-        assert isinstance(ranges, dict)
-        counted[sampled] = ranges["keys_counted"] - ranges["keys"]  # counted past what was returned
-        endpoints[sampled] = sorted(e.item.key for h in inventory.hosts for e in h.workload_endpoints)
+        counted[sampled], endpoints[sampled] = _read_counting(etcd, live, 200)
     assert endpoints[True] == endpoints[False] and endpoints[True]
     assert counted[False] > 2 * counted[True], counted
