@@ -182,7 +182,7 @@ def test_namespace_bounds_spare_etcd_the_count_across_namespaces(etcd: EtcdServe
 def test_a_range_spans_many_small_namespaces(etcd: EtcdServer) -> None:
     """Hundreds of namespaces of a few endpoints each: a range per namespace would cost etcd and
     the job a round trip for each (10,000 namespaces took 10,064 ranges and 6x `etcdctl`'s time).
-    The ranges cross as many namespace starts as the last ones say should fill half a page, so
+    The ranges cross as many namespace starts as the last ones say should fill a page, so
     they are few; a large namespace among them still ends the span early (counted stays low)."""
     chance = random.Random(11)
     sizes = [chance.choice([1, 2, 3, 5]) for _ in range(400)]

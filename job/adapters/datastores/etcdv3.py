@@ -104,9 +104,11 @@ WINDOW_PAGES = 8  # a page's range is guessed to hold this many pages (Window)
 # in each (NamespaceStarts): 100 bounds a namespace at 5,000 hosts; at 15,000, 9,600 in all (1 MB).
 HOSTS_PER_BOUND = 50
 FEW_NAMESPACES = 32
-# The blocks' pages stop where every 50th block a host's affinity names starts (block_starts): a
-# block's key is a CIDR as text, whose numbers windows misread (dual stack: 12.4x counted).
-BLOCKS_PER_BOUND = 50
+# The blocks' pages stop where every 200th block a host's affinity names starts (block_starts): a
+# block's key is a CIDR as text, whose numbers windows misread (dual stack: 12.4x counted). A span
+# of one bound is about a page (blocks of 7.5 KB); every 50th made twice the ranges, which cost
+# etcd more than the keys they spared it counting (docs/development.md).
+BLOCKS_PER_BOUND = 200
 TUNNEL_FIELDS = (
     ("bgp", "ipv4IPIPTunnelAddr"),
     ("ipv4VXLANTunnelAddr",),
@@ -858,7 +860,7 @@ class EtcdV3Datastore:
         `bounds` (sorted keys) are where the keys' density may change: a window never crosses
         the bound the pages read up to, and a range from a bound ends at a later one, so its count
         is only what lies between. It crosses as many bounds as the keys of the last span say
-        should hold half a page (at most twice as many, fewer when it held more): where bounds
+        should hold a page (at most twice as many, fewer when it held more): where bounds
         are close (a thousand namespaces of a few endpoints each) a range per bound would cost a
         round trip each. Keys between bounds are read like any others: a bound is a hint, never a
         filter. A callable gives the bounds known so far, asked again when a span is chosen."""
@@ -893,7 +895,7 @@ class EtcdV3Datastore:
                 return
             elif capped:  # the keys up to a bound are read: from it, a range to the next bounds
                 start, window = bound, None
-                span, spanned = _next_span(span, spanned, limit // 2), 0
+                span, spanned = _next_span(span, spanned, limit), 0
             else:  # the window held less than a page: the next one starts where it ended
                 assert window is not None
                 start = bound
