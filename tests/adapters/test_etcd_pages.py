@@ -378,24 +378,7 @@ def test_the_handles_pages_stop_at_handles_the_blocks_name(etcd: EtcdServer, mon
     for sampled in (True, False):
         if not sampled:
             monkeypatch.setattr(scan, "HANDLE_SAMPLE_EVERY", 1 << 30)  # the first block's only
-        store = EtcdV3Datastore(
-            Config(etcd_endpoints=(EtcdEndpoint("http", "127.0.0.1", etcd.client_port),), page_size=100), RetryPolicy()
-        )
-        counted[sampled] = 0
-
-        def watched(
-            start: str | bytes, *args: object, sampled: bool = sampled, ranges: Any = store.range
-        ) -> tuple[object, int]:
-            answer, size = ranges(start, *args)
-            if (start.encode() if isinstance(start, str) else start).startswith(HANDLES.encode()):
-                counted[sampled] += answer.count
-            return answer, size
-
-        store.range = watched  # type: ignore[method-assign]
-        try:
-            inventory = store.read(lambda: set(hosts) - {"ip-10-0-3-10"})  # one host gone
-        finally:
-            store.close()
+        counted[sampled], inventory = _read_counting(etcd, set(hosts) - {"ip-10-0-3-10"}, 100, HANDLES)  # one gone
         handles[sampled] = sorted(inventory.handles)
     assert handles[True] == handles[False] and len(handles[True]) >= 50
     assert 2 * counted[True] < counted[False], counted
