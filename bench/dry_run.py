@@ -35,14 +35,18 @@ import requests
 
 from bench.generate import FAMILIES, HOST_NAMES, SHAPES, datastore, host_name, load, orphan_indexes
 from job.adapters.datastores.etcdv3 import (
+    AFFINITIES,
+    BLOCKS,
     HOST_GROUPS,
     IPAM_GROUPS,
     NODES,
     PREFIXES,
     WORKLOAD_ENDPOINTS,
+    Bounds,
     EtcdV3Datastore,
     KeyValue,
     NamespaceStarts,
+    block_starts,
     prefix_end,
 )
 from job.adapters.datastores.etcdv3 import (
@@ -141,17 +145,23 @@ class EtcdCpu:
 def parallel_read_seconds(config: Config) -> float:
     """The same keys read the way the job reads them (prefixes side by side), parsing nothing; the
     endpoints' pages bounded as the job's, by the namespaces' starts and, in few namespaces, the
-    sampled hosts' (the Calico Nodes' names, read first). The handles' pages are bounded only by
-    windows: the job's bounds for them are handle ids sampled from the blocks it files
-    (BlockScan.handle_samples), which a read that parses nothing has not."""
+    sampled hosts' (the Calico Nodes' names, read first), and the blocks' by the affinities'
+    keys, read first too. The handles' pages are bounded only by windows: the job's bounds for
+    them are handle ids sampled from the blocks it files (BlockScan.handle_samples), which a read
+    that parses nothing has not."""
     store = EtcdV3Datastore(config, RetryPolicy())
     started = time.perf_counter()
     revision = store.range(PREFIXES[0], None, None)[0].header.revision
-    hosts: list[str] = []
+    keys: dict[str, list[str]] = {NODES: [], AFFINITIES: []}
     with store._items(revision, HOST_GROUPS) as items:
         for prefix, kvs in items:
-            hosts += [kv.key.decode()[len(NODES) :] for kv in kvs] if prefix == NODES else []
-    bounds = {WORKLOAD_ENDPOINTS: NamespaceStarts(store._namespace_profiles(revision), hosts)}
+            if prefix in keys:
+                keys[prefix] += [kv.key.decode() for kv in kvs]
+    hosts = [key[len(NODES) :] for key in keys[NODES]]
+    bounds: dict[str, Bounds] = {
+        WORKLOAD_ENDPOINTS: NamespaceStarts(store._namespace_profiles(revision), hosts),
+        BLOCKS: block_starts(keys[AFFINITIES]),
+    }
     with store._items(revision, IPAM_GROUPS, bounds=bounds) as items:
         sum(len(kvs) for _, kvs in items)
     seconds = time.perf_counter() - started

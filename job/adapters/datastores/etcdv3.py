@@ -300,13 +300,13 @@ class NamespaceStarts(KnownKeys):
         return starts + [_bytes(f"{prefix}{name}/{host}-k8s-") for name in self._names for host in self._hosts]
 
 
-def block_starts(affinities: Iterable[BlockAffinity]) -> tuple[bytes, ...]:
-    """Where every BLOCKS_PER_BOUND-th block the affinities name starts: the blocks' page-window
-    bounds (scan). Calico writes a block's key as its affinity's, the host's part left out
-    (libcalico-go/lib/backend/model/block.go, block_affinity.go). A block with no affinity is read
-    like any other: a bound is a hint."""
-    keys = (_bytes(BLOCKS + a.item.key[len(AFFINITIES) + len(a.host) + 1 :]) for a in affinities)
-    return tuple(_every(BLOCKS_PER_BOUND, keys))
+def block_starts(affinity_keys: Iterable[str]) -> tuple[bytes, ...]:
+    """Where every BLOCKS_PER_BOUND-th block the affinity keys name starts: the blocks' page-window
+    bounds (scan). Calico writes a block's key as its affinity's, the `<host>/` part left out
+    (libcalico-go/lib/backend/model/block.go, block_affinity.go); the IPAM host key names none. A
+    block with no affinity is read like any other: a bound is a hint."""
+    tails = (key[len(AFFINITIES) :].partition("/")[2] for key in affinity_keys)
+    return tuple(_every(BLOCKS_PER_BOUND, [_bytes(BLOCKS + tail) for tail in tails if tail]))
 
 
 def _every(step: int, items: Iterable[AnyStr]) -> list[AnyStr]:
@@ -1008,7 +1008,7 @@ class EtcdV3Datastore:
                     scan.blocks_read()
                 handle_keys.complete.set()
 
-            blocks = block_starts(a for host in collected.affinities.values() for a in host)
+            blocks = block_starts(a.item.key for host in collected.affinities.values() for a in host)
             bounds: dict[str, Bounds] = {WORKLOAD_ENDPOINTS: starts, BLOCKS: blocks, HANDLES: handle_keys}
             # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
             with self._items(revision, IPAM_GROUPS, prefix_read, bounds) as items:
