@@ -331,6 +331,21 @@ def _read_counting(etcd: EtcdServer, live: set[str], page_size: int, prefix: str
     return counted, inventory
 
 
+BENCH_HOSTS = 1000
+
+
+def _bench_fleet(etcd: EtcdServer, pods_per_host: int, names: str = "aws", **layout: Any) -> set[str]:
+    """bench.generate's `namespaces` layout of BENCH_HOSTS hosts, a tenth gone, loaded into etcd:
+    the live hosts' names."""
+    from bench.generate import datastore, host_name, orphan_indexes
+
+    orphans = BENCH_HOSTS // 10
+    keys = datastore(BENCH_HOSTS, orphans, pods_per_host, shape="namespaces", names=names, **layout)
+    calico.load(etcd.url, dict(keys))
+    gone = orphan_indexes(BENCH_HOSTS, orphans, "namespaces")
+    return {host_name(index, names) for index in range(BENCH_HOSTS) if index not in gone}
+
+
 def _endpoints(inventory: Inventory) -> list[str]:
     """The workload endpoints a read filed (a lean read's: the gone hosts')."""
     return sorted(e.item.key for h in inventory.hosts for e in h.workload_endpoints)
@@ -392,12 +407,7 @@ def test_in_one_namespace_the_endpoints_pages_stop_where_sampled_hosts_start(
     HOSTS_PER_BOUND-th host's endpoints start keep etcd's count near what it returns; without them
     (FEW_NAMESPACES 0) it counts more than twice as many keys past those it returns (the blocks'
     and handles' pages are the same in both reads). Either way every endpoint is read."""
-    from bench.generate import datastore, host_name, orphan_indexes
-
-    hosts, orphans = 1000, 100
-    gone = orphan_indexes(hosts, orphans, "namespaces")
-    live = {host_name(index) for index in range(hosts) if index not in gone}
-    calico.load(etcd.url, dict(datastore(hosts, orphans, 4, shape="namespaces", namespaces=1)))
+    live = _bench_fleet(etcd, 4, namespaces=1)
     counted, endpoints = {}, {}
     for sampled in (True, False):
         if not sampled:
@@ -416,17 +426,12 @@ def test_the_blocks_pages_stop_where_sampled_affine_blocks_start(
     dual-stack blocks it returned at 5,000 hosts. Bounds where every BLOCKS_PER_BOUND-th block an
     affinity names starts keep its count near what it returns; without them it counts several
     times as many past those. Either way the read files every block."""
-    from bench.generate import datastore, host_name, orphan_indexes
-
-    hosts, orphans = 1000, 100
-    gone = orphan_indexes(hosts, orphans, "namespaces")
-    live = {host_name(index, "gke") for index in range(hosts) if index not in gone}
-    calico.load(etcd.url, dict(datastore(hosts, orphans, 2, shape="namespaces", names="gke", families="dual")))
+    live = _bench_fleet(etcd, 2, names="gke", families="dual")
     counted, blocks = {}, {}
     for bounded in (True, False):
         if not bounded:
             monkeypatch.setattr(etcdv3, "block_starts", lambda affinities: ())
         counted[bounded], inventory = _read_counting(etcd, live, 200, BLOCKS)
         blocks[bounded] = sorted(b.cidr for b in inventory.blocks)
-    assert blocks[True] == blocks[False] and len(blocks[True]) == 2 * hosts
+    assert blocks[True] == blocks[False] and len(blocks[True]) == 2 * BENCH_HOSTS
     assert counted[False] > 4 * counted[True], counted

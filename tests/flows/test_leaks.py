@@ -260,8 +260,8 @@ def test_only_an_allocation_that_names_a_pod_on_a_live_node_is_a_leak_candidate(
     scan.add("10.9.0.0/29", block)
     scan.blocks_read()
     assert scan.unheld == {"10.9.0.0/29": 0b111}
-    key = "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-29"
-    scan.attribute([IpamBlock(StoredItem(key, 1, json.dumps(block)), "10.9.0.0/29")])
+    block_key = "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-29"
+    scan.attribute([IpamBlock(StoredItem(block_key, 1, json.dumps(block)), "10.9.0.0/29")])
     assert {key: [a.ip for a in found] for key, found in scan.pod_ips.items()} == {("ns", "p1"): ["10.9.0.0"]}
 
 
