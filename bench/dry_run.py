@@ -18,6 +18,7 @@ import base64
 import collections
 import compileall
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -58,6 +59,9 @@ from tests.support.etcd_server import EtcdServer
 from tests.support.kubeapi import PROTOBUF, KubeApiServer
 
 T = TypeVar("T")
+# The requests of the leak check's pods read: the list of every pod, or one pod by name (not the
+# health check's calico-node pods, listed in their namespaces).
+POD_READS = r"^/api/v1/pods$|^/api/v1/namespaces/[^/]+/pods/[^/]+$"
 # The interpreter the job runs with: `make bench` gives one with the image's dependency set only.
 JOB_PYTHON = os.path.abspath(os.environ.get("BENCH_JOB_PYTHON", sys.executable))  # not resolved: a venv
 
@@ -303,13 +307,29 @@ def main() -> int:
         help="leave out the namespace profiles, as where kube-controllers keeps none (the endpoints' windows then stop "
         "only at the namespaces the blocks' pod allocations name)",
     )
+    parser.add_argument(
+        "--pods",
+        action="store_true",
+        help="the API test server also holds each live host's pods (--pods-per-host each), as a cluster does: what the "
+        "leak check reads of them is measured (requests and bytes encoded)",
+    )
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
     # PYTHONDONTWRITEBYTECODE) would have each run compile the job's modules, ~0.05 s.
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "job", quiet=1)
     gone = orphan_indexes(options.hosts, options.orphans, options.shape)
     live = [index for index in range(options.hosts) if index not in gone]
-    with cluster("calico-gc-bench-", live, options.host_names) as (etcd, workdir, env):
+    servers: list[KubeApiServer] = []
+    pods = iter(range(options.hosts * options.pods_per_host))
+
+    def with_pods(kubeapi: KubeApiServer, node: str) -> None:
+        servers[:] = [kubeapi]
+        for pod in range(options.pods_per_host if options.pods else 0):
+            number = next(pods)  # in 172.16.0.0/12: pods the leak check reads, never any block's
+            kubeapi.add_pod("bench", f"{node}-{pod}", node, str(ipaddress.ip_address(0xAC10_0000 + number)))
+
+    with cluster("calico-gc-bench-", live, options.host_names, with_pods) as (etcd, workdir, env):
+        kubeapi = servers[0]
         started = time.perf_counter()
         generated = datastore(
             options.hosts,
@@ -378,6 +398,8 @@ def main() -> int:
         }
         read_runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
         runs: dict[str, list[tuple[tuple[float, float, int, dict[str, object]], float]]] = {n: [] for n in cases}
+        # Per run: the pods requests the API test server answered, and the bytes it encoded for them.
+        pod_reads: dict[str, list[tuple[int, int]]] = {n: [] for n in cases}
         for _ in range(options.repeat):
             for name, read in reads.items():
                 started = time.perf_counter()
@@ -385,7 +407,10 @@ def main() -> int:
                 read_runs[name].append((time.perf_counter() - started, spent))
             for name, (args, _) in cases.items():
                 tree = options.job_tree if name.startswith(str(options.job_tree)) and options.job_tree else None
+                asked, _ = kubeapi.count("GET", POD_READS), kubeapi.take_encoded_bytes()
                 runs[name].append(cpu.spent(lambda args=args, tree=tree: run_job(env, args, tree=tree)))
+                encoded = sum(n for key, n in kubeapi.take_encoded_bytes().items() if key.endswith(" /api/v1/pods"))
+                pod_reads[name].append((kubeapi.count("GET", POD_READS) - asked, encoded))
         memory_goal = 150 if options.hosts <= 5000 else 200
         ctl = "etcdctl get --prefix of the same prefixes"
         floor = statistics.median(r[0] for r in read_runs[ctl])
@@ -417,7 +442,9 @@ def main() -> int:
                 f"  {job / floor:.2f}x etcdctl (goal <= 1.5)"
                 f"  etcd CPU {spread([r[1] for r in runs[name]])}, {etcd_cpu / floor_cpu:.2f}x etcdctl's (goal <= 1.5)"
                 f"  peak RSS {spread([r[0][1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
-                f"  Kubernetes reads {kube:.2f}s (beside the etcd read)"
+                f"  Kubernetes reads {kube:.2f}s (beside the etcd read; the leak check's pods read "
+                f"{statistics.median(r[0] for r in pod_reads[name]):.0f} requests, "
+                f"{statistics.median(r[1] for r in pod_reads[name]) / 1e6:.2f} MB encoded)"
                 f"  the etcd read within the run {read:.2f}s (the rest is starting Python, imports, planning and"
                 " the report)"
                 f"{counted}"

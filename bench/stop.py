@@ -1,6 +1,6 @@
 """`make bench-stop`: how long a run takes to end after SIGTERM while a read hangs (goal: at most
 5 s). The server accepts the call and never answers: the etcd v3 read, the etcd v2 read, and the
-Kubernetes pods list. Each case runs the job as a process, sends SIGTERM once the held call has
+Kubernetes pods read (of the leak check). Each case runs the job as a process, sends SIGTERM once the held call has
 come in, and times the exit; the run must exit 143 with its report written and its Lease released.
 Only loopback traffic."""
 
@@ -22,7 +22,7 @@ from tests.support import calico
 from tests.support.etcd_server import EtcdServer
 from tests.support.hold import HoldingServer
 from tests.support.kubeapi import KubeApiServer
-from tests.support.scenario import cross_borrowing_fleet
+from tests.support.scenario import LEAK_CANDIDATES_POD, cross_borrowing_fleet
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/calico-gc/leases"
 
@@ -53,7 +53,7 @@ def main() -> int:
     etcd.start()
     kubeapi.add_namespace("calico-gc")
     try:
-        seed = cross_borrowing_fleet(3)
+        seed = cross_borrowing_fleet(3, leak=True)
         calico.load(etcd.url, seed.seed.keys)
         for name, ip in seed.k8s_nodes:
             kubeapi.add_node(name, ip)
@@ -71,11 +71,11 @@ def main() -> int:
         cases = {
             "etcd v3 read": [*base, "--datastore-type=etcdv3", f"--etcd-endpoints={holding.url}"],
             "etcd v2 read": [*base, "--datastore-type=etcdv2", f"--etcd-endpoints={holding.url}"],
-            "Kubernetes pods list": [*base, "--datastore-type=etcdv3", f"--etcd-endpoints={etcd.url}"],
+            "Kubernetes pods read": [*base, "--datastore-type=etcdv3", f"--etcd-endpoints={etcd.url}"],
         }
         for name, argv in cases.items():
-            if name == "Kubernetes pods list":
-                kubeapi.on("GET", "^/api/v1/pods$", hang, times=options.repeat)
+            if name == "Kubernetes pods read":
+                kubeapi.on("GET", LEAK_CANDIDATES_POD, hang, times=options.repeat)
             times = [
                 stop_seconds(argv, holding.called, workdir / "report.json", kubeapi) for _ in range(options.repeat)
             ]

@@ -35,6 +35,7 @@ from job.core.kept import NO_KUBEVIRT, KubeVirt
 from job.core.leaks import ANY_NAMESPACE
 from job.core.model import KubeNode, NetworkUnavailable, PodInfo
 from job.core.report import MAX_WARNINGS
+from job.kube_syntax import is_dns_label, is_dns_subdomain
 
 log = structlog.get_logger("calico_gc.kube")
 T = TypeVar("T")
@@ -748,7 +749,11 @@ class Kube:
         self.list_all("/api/v1/pods", one, query, _POD_PAGE, accept)
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
-        """A fresh GET of one Pod; None only on 404."""
+        """A fresh GET of one Pod; None on 404, and without a request for names no pod can have
+        (a namespace is a DNS label, a pod's name a DNS subdomain): the names come from the
+        datastore's allocations, and one of another shape must not become another path."""
+        if not (is_dns_label(namespace) and is_dns_subdomain(name)):
+            return None
         try:
             return _pod_info(self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
         except KubeError as error:

@@ -64,6 +64,8 @@ class ExitCode(IntEnum):
 T = TypeVar("T")
 STOP_POLL_S = 0.05  # how often a waiting read looks at the stop flag
 RELEASE_ON_STOP_S = 2.0  # the longest a stopped run waits to give its Lease up
+# Leak candidates of at most this many pods are settled by a GET of each, not by listing every pod.
+PODS_FETCHED_EACH = 50
 
 # Error kinds that a setting fixes (exit 2); the rest are servers failing (exit 1).
 USAGE_KINDS = frozenset({"datastore_type", "config", "tls", "unauthorized", "admission", "bad_answer"})
@@ -369,9 +371,37 @@ def _read_kubernetes(deps: Dependencies, config: Config) -> KubernetesRead:
 def _leaked(
     scan: BlockScan, blocks: Sequence[IpamBlock], deps: Dependencies, record: RunRecord
 ) -> list[Allocation] | None:
-    """The pod IPs the blocks name that no listed pod holds; None when the pods could not be
-    listed. The pods are listed after the blocks were read: an IP allocated since is not in what
-    was read, and a pod exists before its IP is allocated, so a new pod never looks leaked.
+    """The pod IPs the blocks name that no pod holds; None when the pods could not be read. The
+    pods are read after the blocks were: an IP allocated since is not in what was read, and a pod
+    exists before its IP is allocated, so a new pod never looks leaked.
+
+    Where the endpoints named the candidates already (`scan.attributed`: etcd) and they are few
+    (PODS_FETCHED_EACH), each candidate's pod is fetched by name: none on a cluster without leaks,
+    so what a run asks of the API server follows the leaks, not the pods. Otherwise the pods are
+    listed (_listed)."""
+    try:
+        if scan.attributed and len(scan.pod_ips) <= PODS_FETCHED_EACH:
+            fetched = _read(deps, "the pods of the leak candidates", _fetched, deps.nodes, list(scan.pod_ips))
+            settled = settler(scan.pod_ips)
+            for key, pod in fetched.items():
+                if pod is not None:  # else gone: its IPs stay candidates
+                    settled(key, pod)
+        else:
+            _listed(scan, blocks, deps)
+    except KubeError as error:
+        log.warning("pods_not_read", error=str(error))
+        record.error("unreadable", f"pods could not be read, so leaked pod IPs are not checked: {error}")
+        return None
+    return [allocation for allocations in scan.pod_ips.values() for allocation in allocations]
+
+
+def _fetched(nodes: NodeSource, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], PodInfo | None]:
+    """A fresh GET of each (namespace, name) pod: None where there is no such pod."""
+    return {key: nodes.pod(*key) for key in keys}
+
+
+def _listed(scan: BlockScan, blocks: Sequence[IpamBlock], deps: Dependencies) -> None:
+    """Settle the candidates by listing every pod on the pod network. Raises KubeError.
 
     Where the endpoints named the candidates already (`scan.attributed`), each listed pod settles
     those of its name. Where the pods are the endpoints (Kubernetes datastore), each pod clears the
@@ -393,18 +423,12 @@ def _leaked(
         else:
             starting.append((key, pod))
 
-    try:
-        _read(deps, "the pods", deps.nodes.each_pod, take, one_ip_each)
-    except KubeError as error:
-        log.warning("pods_not_listed", error=str(error))
-        record.error("unreadable", f"pods could not be listed, so leaked pod IPs are not checked: {error}")
-        return None
+    _read(deps, "the pods", deps.nodes.each_pod, take, one_ip_each)
     if not scan.attributed:
         scan.attribute(blocks)
         settled = settler(scan.pod_ips)
         for key, pod in starting:
             settled(key, pod)
-    return [allocation for allocations in scan.pod_ips.values() for allocation in allocations]
 
 
 def _settled_sightings(

@@ -12,6 +12,7 @@ import pytest
 
 from job.core.model import IpamBlock, StoredItem
 from job.core.scan import BlockScan
+from job.flows import run as run_flow
 from tests.adapters.test_etcdv2 import seeded
 from tests.adapters.test_kdd import CRD, LIVE_A, cidr_name, kdd, seed_kdd
 from tests.adapters.test_kubeapi_server import call
@@ -102,13 +103,18 @@ def test_a_live_pods_ip_is_never_leaked_and_a_moved_or_readdressed_pod_is(harnes
     assert list(leaks(report)) == [WEB0_IP], "the pod has another IP now"
 
 
-@pytest.mark.parametrize("served", ["table", "protobuf", "json"])
-def test_a_terminating_pod_holds_its_ip_until_its_kubelet_confirms(harness: Harness, served: str) -> None:
+@pytest.mark.parametrize("served", ["fetched", "table", "protobuf", "json"])
+def test_a_terminating_pod_holds_its_ip_until_its_kubelet_confirms(
+    harness: Harness, served: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pod being deleted still runs, and holds its IP, until its kubelet has torn it down (the
     CNI DEL) and confirms the delete: however long its grace, its IP is no leak. Deleted through
     the API, as `kubectl delete` and then the kubelet delete it (the API test server keeps a
-    scheduled pod, marked, until a delete of grace 0); the pods listed as the server prints them
-    (a row says `Terminating`), in protobuf, or in JSON, each with the marks in its metadata."""
+    scheduled pod, marked, until a delete of grace 0); the candidate's pod fetched by name, or the
+    pods listed as the server prints them (a row says `Terminating`), in protobuf, or in JSON, each
+    with the marks in its metadata."""
+    if served != "fetched":
+        monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 0)
     harness.kubeapi.serves_tables = served == "table"
     harness.kubeapi.serves_protobuf = served != "json"
     leak_web0(harness)
@@ -121,7 +127,11 @@ def test_a_terminating_pod_holds_its_ip_until_its_kubelet_confirms(harness: Harn
         report, _ = harness.run(config)
         assert report["audit"]["leaked_ips"]["count"] == 0, "terminating: its containers may still run"
         harness.now += timedelta(minutes=20)
-    assert harness.kubeapi.take_encoded_bytes()[f"{served} /api/v1/pods"] > 0, "the pods listed as asked"
+    if served == "fetched":
+        assert harness.kubeapi.count("GET", "^/api/v1/pods$") == 0
+        assert harness.kubeapi.count("GET", "^/api/v1/namespaces/default/pods/web-0$") == 2, "fetched each run"
+    else:
+        assert harness.kubeapi.take_encoded_bytes()[f"{served} /api/v1/pods"] > 0, "the pods listed as asked"
     call(harness.kubeapi, "DELETE", pod, {"gracePeriodSeconds": 0})
     report, _ = harness.run(config)
     assert leaks(report)[WEB0_IP]["action"] == "waiting_grace", "gone: a leak from this run on, never before"
@@ -146,17 +156,30 @@ def test_a_pod_back_at_the_recheck_keeps_its_ip(harness: Harness) -> None:
     config = harness.config(apply=True, **RELEASE)
     harness.run(config)
     harness.now += timedelta(minutes=20)
-    # The pod shows up between the list and the release: the GET right before the write sees it.
-    harness.kubeapi.on("GET", "/api/v1/namespaces/default/pods/web-0$", lambda: add_pod(harness, s.LIVE[0], WEB0_IP))
+    # The pod shows up between the leak check's GET and the release: the GET right before the write sees it.
+    gets: list[None] = []
+
+    def back_at_the_second_get() -> None:
+        gets.append(None)
+        if len(gets) == 2:
+            add_pod(harness, s.LIVE[0], WEB0_IP)
+
+    harness.kubeapi.on("GET", "/api/v1/namespaces/default/pods/web-0$", back_at_the_second_get, times=2)
     before = harness.dump()
     report, _ = harness.run(config)
     assert leaks(report)[WEB0_IP]["action"] == "pod_back"
     assert harness.dump()[BLOCK] == before[BLOCK]
 
 
-def test_an_ip_allocated_after_the_blocks_were_read_is_not_seen_as_leaked(harness: Harness) -> None:
-    """The blocks are read before the pods are listed: a pod created meanwhile either is listed,
-    or its IP was allocated after the blocks were read and is not in what this run saw."""
+@pytest.mark.parametrize("read", ["fetched", "listed"])
+def test_an_ip_allocated_after_the_blocks_were_read_is_not_seen_as_leaked(
+    harness: Harness, read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocks are read before the pods are: a pod created meanwhile either is read, or its IP
+    was allocated after the blocks were read and is not in what this run saw. The candidate's pod
+    fetched by name, or every pod listed."""
+    if read == "listed":
+        monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 0)
     leak_web0(harness)
     fresh = {"handle_id": "k8s-pod-network.fresh", "secondary": {"node": s.LIVE[0], "namespace": "default"}}
     fresh["secondary"]["pod"] = "fresh"
@@ -168,9 +191,79 @@ def test_an_ip_allocated_after_the_blocks_were_read_is_not_seen_as_leaked(harnes
         block["unallocated"].remove(20)
         calico.load(harness.etcd.url, {BLOCK: json.dumps(block)})
 
-    harness.kubeapi.on("GET", "^/api/v1/pods$", new_pod_allocates)
+    pods = "^/api/v1/pods$" if read == "listed" else "^/api/v1/namespaces/default/pods/web-0$"
+    harness.kubeapi.on("GET", pods, new_pod_allocates)
     report, _ = harness.run()
     assert list(leaks(report)) == [WEB0_IP]
+    assert "fresh" in harness.dump()[BLOCK][0], "allocated while the pods were read"
+
+
+POD_LIST = "^/api/v1/pods$"
+ONE_POD = "^/api/v1/namespaces/[^/]+/pods/[^/]+$"
+
+
+def test_without_leak_candidates_no_pod_is_read(harness: Harness) -> None:
+    """On etcd every pod's IP is held by its workload endpoint: with none left over there is
+    nothing a pod could settle, so a run lists no pods and fetches none. Without that rule every
+    run listed every pod of the cluster for nothing."""
+    harness.seed(s.kops_cluster())
+    report, code = harness.run()
+    assert code == 0 and report["audit"]["leaked_ips"]["count"] == 0
+    assert harness.kubeapi.count("GET", POD_LIST) == 0
+    assert harness.kubeapi.count("GET", ONE_POD) == 0
+
+
+def test_leak_candidates_past_the_cap_are_settled_by_one_list(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to PODS_FETCHED_EACH candidate pods are fetched by name, one GET each; more are settled
+    by listing the pods once, with the same leaks found either way."""
+    leak_web0(harness)
+    web1 = next(k for k in harness.dump() if "workloadendpoints/default/" in k and "web--1" in k)
+    calico.delete(harness.etcd.url, web1)
+    monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 2)
+    fetched, _ = harness.run()
+    assert (harness.kubeapi.count("GET", POD_LIST), harness.kubeapi.count("GET", ONE_POD)) == (0, 2)
+    monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 1)
+    listed, _ = harness.run()
+    assert (harness.kubeapi.count("GET", POD_LIST), harness.kubeapi.count("GET", ONE_POD)) == (1, 2)
+    assert sorted(leaks(fetched)) == sorted(leaks(listed)) == [WEB0_IP, "100.96.1.5"]
+
+
+@pytest.mark.parametrize("read", ["fetched", "listed"])
+def test_pods_that_cannot_be_read_leave_the_leaks_unknown_and_unreleased(
+    harness: Harness, read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server refuses the pods read: the run says so in one line (`unreadable`), reports
+    the leaks as unknown (null, not zero) and releases none, whatever their grace."""
+    if read == "listed":
+        monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 0)
+    leak_web0(harness)
+    config = harness.config(apply=True, **RELEASE)
+    harness.run(config)
+    harness.now += timedelta(minutes=20)
+    harness.kubeapi.fail("GET", POD_LIST if read == "listed" else ONE_POD, 403)
+    before = harness.dump()[BLOCK]
+    report, code = harness.run(config)
+    assert report["audit"]["leaked_ips"]["count"] is None
+    assert [e["message"].split(": forbidden (HTTP 403)")[0] for e in report["errors"]] == [
+        "pods could not be read, so leaked pod IPs are not checked"
+    ]
+    assert code == 0, "the audit's part is missing; the run did its work"
+    assert harness.dump()[BLOCK] == before, "no release without the pods"
+
+
+def test_a_pod_name_no_pod_can_have_is_never_asked_for(harness: Harness) -> None:
+    """An allocation naming a pod of a shape the API server never names one (here a path) is a
+    leak, found without a request: a name read from the datastore never becomes another path."""
+    leak_web0(harness)
+    block = json.loads(harness.dump()[BLOCK][0])
+    web0 = next(a for a in block["attributes"] if a["secondary"].get("pod") == "web-0")
+    web0["secondary"]["pod"] = "../../../nodes/" + s.LIVE[0]
+    calico.load(harness.etcd.url, {BLOCK: json.dumps(block)})
+    report, _ = harness.run()
+    assert leaks(report)[WEB0_IP]["pod"] == f"default/../../../nodes/{s.LIVE[0]}"
+    assert harness.kubeapi.count("GET", "/pods/|/nodes/") == 0
 
 
 def test_the_per_run_cap_defers_the_rest(harness: Harness) -> None:
@@ -265,9 +358,13 @@ def test_only_an_allocation_that_names_a_pod_on_a_live_node_is_a_leak_candidate(
     assert {key: [a.ip for a in found] for key, found in scan.pod_ips.items()} == {("ns", "p1"): ["10.9.0.0"]}
 
 
-def test_pods_listed_without_their_namespace_settle_by_name_and_ip(harness: Harness) -> None:
-    """The pods come as a Table's rows (the blocks are of one family): a pod of that name on that
-    node holding the IP keeps it, whatever its namespace; one holding another IP does not."""
+def test_pods_listed_without_their_namespace_settle_by_name_and_ip(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pods come as a Table's rows (the blocks are of one family; more candidates than are
+    fetched each): a pod of that name on that node holding the IP keeps it, whatever its
+    namespace; one holding another IP does not."""
+    monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 0)
     leak_web0(harness)
     harness.kubeapi.take_encoded_bytes()
     report, _ = harness.run()

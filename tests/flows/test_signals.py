@@ -20,7 +20,7 @@ from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
 from tests.support.hold import HoldingGrpcServer, HoldingServer
 from tests.support.job_process import REPO, job_argv, run_job
-from tests.support.scenario import cross_borrowing_fleet
+from tests.support.scenario import LEAK_CANDIDATES_POD, cross_borrowing_fleet
 from tests.support.write_relay import Action as RelayAction
 from tests.support.write_relay import Trigger, WriteRelay
 
@@ -159,16 +159,16 @@ def test_a_stop_signal_never_waits_on_a_hung_datastore_read(
     assert lease is not None and "holderIdentity" not in lease["spec"], "the Lease is released"
 
 
-def test_a_stop_signal_never_waits_on_a_hung_pods_list(harness: Harness, holding: HoldingServer) -> None:
-    harness.seed(cross_borrowing_fleet(3))
+def test_a_stop_signal_never_waits_on_a_hung_pods_read(harness: Harness, holding: HoldingServer) -> None:
+    harness.seed(cross_borrowing_fleet(3, leak=True))
     before = harness.dump()
     release = threading.Event()
 
-    def hang() -> None:  # the leak check's list of every pod: the API server never answers it
+    def hang() -> None:  # the leak check's read of the candidate's pod: the API server never answers it
         holding.called.set()
         release.wait(60)
 
-    harness.kubeapi.on("GET", "^/api/v1/pods$", hang)
+    harness.kubeapi.on("GET", LEAK_CANDIDATES_POD, hang)
     try:
         argv = job_argv(harness.kubeapi, holding, harness.tmp, etcd_url=harness.etcd.url)
         code, stderr, report = stop_while_reading(argv, holding.called)
@@ -185,18 +185,18 @@ def test_a_stop_signal_never_waits_on_a_hung_pods_list(harness: Harness, holding
 def test_a_stopped_run_does_not_wait_on_a_hung_lease_release(harness: Harness, holding: HoldingServer) -> None:
     """When the API server is what hangs, the Lease cannot be given up: the run waits 2 s at most,
     says so, and exits 143 all the same (the Lease then expires on its own)."""
-    harness.seed(cross_borrowing_fleet(3))
+    harness.seed(cross_borrowing_fleet(3, leak=True))
     release = threading.Event()
 
     def hang_pods() -> None:
         holding.called.set()
         release.wait(120)
 
-    def hang_lease_once_stopping() -> None:  # the Lease was taken before the pods were listed
+    def hang_lease_once_stopping() -> None:  # the Lease was taken before the pods were read
         if holding.called.is_set():
             release.wait(120)
 
-    harness.kubeapi.on("GET", "^/api/v1/pods$", hang_pods)
+    harness.kubeapi.on("GET", LEAK_CANDIDATES_POD, hang_pods)
     harness.kubeapi.on("GET", f"^{LEASES}/calico-gc$", hang_lease_once_stopping, times=100)
     try:
         argv = job_argv(harness.kubeapi, holding, harness.tmp, etcd_url=harness.etcd.url)

@@ -56,13 +56,18 @@ def kops_cluster() -> Scenario:
     return Scenario(seed, k8s)
 
 
-def cross_borrowing_fleet(orphans: int) -> Scenario:
+# The pod whose IP cross_borrowing_fleet(leak=True) leaves a leak candidate: a run reads it.
+LEAK_CANDIDATES_POD = "^/api/v1/namespaces/default/pods/web-0$"
+
+
+def cross_borrowing_fleet(orphans: int, leak: bool = False) -> Scenario:
     """Live nodes and `orphans` deleted ones whose IPAM is entangled as it is after churn.
 
     Each orphan has its own IPv4 and IPv6 block, a tunnel address, a dual-stack pod (one handle
     in two blocks), a dual-stack pod whose IPs it borrowed from others' blocks, per-node config and
     a node-bound peer. A live pod holds an IP in an orphan's block, so that block must be kept
-    without its affinity.
+    without its affinity. With `leak`, a live pod's endpoint is gone (its CNI DEL lost): its IP
+    is a leak candidate, so a run reads that pod (LEAK_CANDIDATES_POD; without one it reads none).
     """
     seed = CalicoSeed()
     seed.cluster_information()
@@ -71,7 +76,9 @@ def cross_borrowing_fleet(orphans: int) -> Scenario:
         seed.block(f"100.64.{100 + i}.0/26", name)
         seed.node(name, ipv4=f"10.1.0.{10 + i}", tunnel_ip=f"100.64.{100 + i}.1")
         seed.felix(name, alive=True)
-        seed.pod(name, "default", f"web-{i}", f"100.64.{100 + i}.5")
+        endpoint = seed.pod(name, "default", f"web-{i}", f"100.64.{100 + i}.5")
+        if leak and i == 0:
+            del seed.keys[endpoint]
     names = [f"gone-{i}" for i in range(orphans)]
     for i, name in enumerate(names):
         seed.block(f"100.64.{i}.0/26", name)
