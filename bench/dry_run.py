@@ -310,8 +310,8 @@ def main() -> int:
     parser.add_argument(
         "--pods",
         action="store_true",
-        help="the API test server also holds each live host's pods (--pods-per-host each), as a cluster does: what the "
-        "leak check reads of them is measured (requests and bytes encoded)",
+        help="the API test server also holds --pods-per-host pods on each live host, as a cluster holds its pods: what "
+        "the leak check reads of them is measured (requests and bytes encoded)",
     )
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
