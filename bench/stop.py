@@ -1,8 +1,8 @@
 """`make bench-stop`: how long a run takes to end after SIGTERM while a read hangs (goal: at most
 5 s). The server accepts the call and never answers: the etcd v3 read, the etcd v2 read, and the
-Kubernetes pods read (of the leak check). Each case runs the job as a process, sends SIGTERM once the held call has
-come in, and times the exit; the run must exit 143 with its report written and its Lease released.
-Only loopback traffic."""
+leak check's read of a candidate's pod. Each case runs the job as a process, sends SIGTERM once the
+held call has come in, and times the exit; the run must exit 143 with its report written and its
+Lease released. Only loopback traffic."""
 
 from __future__ import annotations
 

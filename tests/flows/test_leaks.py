@@ -22,6 +22,11 @@ from tests.support import scenario as s
 from tests.support.calico import CalicoSeed
 
 WEB0_IP = "100.96.0.5"  # web-0 on the first live node, in its block 100.96.0.0/26
+WEB1_IP = "100.96.1.5"  # web-1 on the second
+# The leak check's pods read: the list of every pod, or one pod by name.
+POD_LIST = "^/api/v1/pods$"
+ONE_POD = "^/api/v1/namespaces/[^/]+/pods/[^/]+$"
+WEB0_POD = "^/api/v1/namespaces/default/pods/web-0$"
 BLOCK = "/calico/ipam/v2/assignment/ipv4/block/100.96.0.0-26"
 RELEASE = {"release_leaked_ips": True, "exclude": (r"ip-10-0-1-13\..*", r"ip-10-0-1-20\..*")}
 
@@ -128,8 +133,8 @@ def test_a_terminating_pod_holds_its_ip_until_its_kubelet_confirms(
         assert report["audit"]["leaked_ips"]["count"] == 0, "terminating: its containers may still run"
         harness.now += timedelta(minutes=20)
     if served == "fetched":
-        assert harness.kubeapi.count("GET", "^/api/v1/pods$") == 0
-        assert harness.kubeapi.count("GET", "^/api/v1/namespaces/default/pods/web-0$") == 2, "fetched each run"
+        assert harness.kubeapi.count("GET", POD_LIST) == 0
+        assert harness.kubeapi.count("GET", WEB0_POD) == 2, "fetched each run"
     else:
         assert harness.kubeapi.take_encoded_bytes()[f"{served} /api/v1/pods"] > 0, "the pods listed as asked"
     call(harness.kubeapi, "DELETE", pod, {"gracePeriodSeconds": 0})
@@ -164,7 +169,7 @@ def test_a_pod_back_at_the_recheck_keeps_its_ip(harness: Harness) -> None:
         if len(gets) == 2:
             add_pod(harness, s.LIVE[0], WEB0_IP)
 
-    harness.kubeapi.on("GET", "/api/v1/namespaces/default/pods/web-0$", back_at_the_second_get, times=2)
+    harness.kubeapi.on("GET", WEB0_POD, back_at_the_second_get, times=2)
     before = harness.dump()
     report, _ = harness.run(config)
     assert leaks(report)[WEB0_IP]["action"] == "pod_back"
@@ -191,15 +196,11 @@ def test_an_ip_allocated_after_the_blocks_were_read_is_not_seen_as_leaked(
         block["unallocated"].remove(20)
         calico.load(harness.etcd.url, {BLOCK: json.dumps(block)})
 
-    pods = "^/api/v1/pods$" if read == "listed" else "^/api/v1/namespaces/default/pods/web-0$"
+    pods = POD_LIST if read == "listed" else WEB0_POD
     harness.kubeapi.on("GET", pods, new_pod_allocates)
     report, _ = harness.run()
     assert list(leaks(report)) == [WEB0_IP]
     assert "fresh" in harness.dump()[BLOCK][0], "allocated while the pods were read"
-
-
-POD_LIST = "^/api/v1/pods$"
-ONE_POD = "^/api/v1/namespaces/[^/]+/pods/[^/]+$"
 
 
 def test_without_leak_candidates_no_pod_is_read(harness: Harness) -> None:
@@ -227,7 +228,7 @@ def test_leak_candidates_past_the_cap_are_settled_by_one_list(
     monkeypatch.setattr(run_flow, "PODS_FETCHED_EACH", 1)
     listed, _ = harness.run()
     assert (harness.kubeapi.count("GET", POD_LIST), harness.kubeapi.count("GET", ONE_POD)) == (1, 2)
-    assert sorted(leaks(fetched)) == sorted(leaks(listed)) == [WEB0_IP, "100.96.1.5"]
+    assert sorted(leaks(fetched)) == sorted(leaks(listed)) == [WEB0_IP, WEB1_IP]
 
 
 @pytest.mark.parametrize("read", ["fetched", "listed"])
