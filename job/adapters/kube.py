@@ -89,6 +89,9 @@ class _Pod(msgspec.Struct, frozen=True):
     status: _PodStatus = _PodStatus()
 
 
+_POD = msgspec.json.Decoder(_Pod)
+
+
 class _Address(msgspec.Struct, frozen=True):
     type: str = ""
     address: str = ""
@@ -754,12 +757,21 @@ class Kube:
         datastore's allocations, and one of another shape must not become another path."""
         if not (is_dns_label(namespace) and is_dns_subdomain(name)):
             return None
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         try:
-            return _pod_info(self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}"))
+            raw = self.request_bytes("GET", path)
         except KubeError as error:
             if error.status == 404:
                 return None
             raise
+        try:
+            return _pod_entry(_POD.decode(raw))[1]
+        except (msgspec.DecodeError, RecursionError) as error:
+            raise KubeError(
+                f"GET {path}: {self.host} answered with something that is not a Pod ({one_line(str(error), 80)}); "
+                "is it the API server, or a proxy in between?",
+                kind="bad_answer",
+            ) from None
 
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
@@ -859,13 +871,6 @@ def _same_config_map(written: dict[str, Any], now: dict[str, Any] | None) -> boo
             (meta.get("annotations") or {}) == (wrote.get("annotations") or {}),
         ]
     )
-
-
-def _pod_info(item: dict[str, Any]) -> PodInfo:
-    node = (item.get("spec") or {}).get("nodeName")
-    status = item.get("status") or {}
-    listed = (entry.get("ip") for entry in status.get("podIPs") or [] if isinstance(entry, dict))
-    return PodInfo(node if isinstance(node, str) else None, _pod_ips(listed, status.get("podIP")))
 
 
 def _same(item: T) -> T:
