@@ -161,7 +161,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     options = parser.parse_args()
     live = options.hosts - options.orphans
-    with cluster("calico-gc-churn-", live) as (etcd, workdir, env):
+    with cluster("calico-gc-churn-", live) as (etcd, workdir, env, _):
         # Half the load on the blocks the orphans borrowed from, half on other live blocks.
         lenders = [BLOCKS + _block(i)[0].replace("/", "-") for i in range(options.orphans)]
         others = [BLOCKS + _block(i)[0].replace("/", "-") for i in range(options.orphans, live)]

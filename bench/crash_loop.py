@@ -72,7 +72,7 @@ def main() -> int:
         if len(kubeapi.logs) == 1:
             kubeapi.on("GET", r"/log$", partial(time.sleep, options.log_latency_ms / 1000), times=10**9)
 
-    with cluster("calico-gc-crash-loop-", live, add_node=crash_looping) as (etcd, _, env):
+    with cluster("calico-gc-crash-loop-", live, add_node=crash_looping) as (etcd, _, env, _):
         keys = load(etcd.url, datastore(options.hosts, options.orphans, 20))
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned); "

@@ -19,6 +19,7 @@ import collections
 import compileall
 import contextlib
 import ipaddress
+import itertools
 import json
 import os
 import shutil
@@ -223,10 +224,11 @@ def cluster(
     live: int | Iterable[int],
     names: str = "aws",
     add_node: Callable[[KubeApiServer, str], None] | None = None,
-) -> Iterator[tuple[EtcdServer, Path, dict[str, str]]]:
+) -> Iterator[tuple[EtcdServer, Path, dict[str, str], KubeApiServer]]:
     """A throwaway etcd and Kubernetes API test server with Nodes for the generator's `live` hosts
     (a count: the first ones), named as `names` (host_name), each also given to `add_node`;
-    yields the etcd, a work directory, and the environment `run_job` runs the job with."""
+    yields the etcd, a work directory, the environment `run_job` runs the job with, and the API
+    test server."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     (workdir / "etcd").mkdir()
     # cache_lists: each Node encoded once, as a real server serves lists from its watch cache, so
@@ -245,6 +247,7 @@ def cluster(
             etcd,
             workdir,
             {**os.environ, "ETCD_ENDPOINTS": etcd.url, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)},
+            kubeapi,
         )
     finally:
         kubeapi.stop()
@@ -319,17 +322,14 @@ def main() -> int:
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "job", quiet=1)
     gone = orphan_indexes(options.hosts, options.orphans, options.shape)
     live = [index for index in range(options.hosts) if index not in gone]
-    servers: list[KubeApiServer] = []
-    pods = iter(range(options.hosts * options.pods_per_host))
+    numbers = itertools.count()
 
     def with_pods(kubeapi: KubeApiServer, node: str) -> None:
-        servers[:] = [kubeapi]
-        for pod in range(options.pods_per_host if options.pods else 0):
-            number = next(pods)  # in 172.16.0.0/12: pods the leak check reads, never any block's
-            kubeapi.add_pod("bench", f"{node}-{pod}", node, str(ipaddress.ip_address(0xAC10_0000 + number)))
+        for pod in range(options.pods_per_host):  # in 172.16.0.0/12: never any block's address
+            kubeapi.add_pod("bench", f"{node}-{pod}", node, str(ipaddress.ip_address(0xAC10_0000 + next(numbers))))
 
-    with cluster("calico-gc-bench-", live, options.host_names, with_pods) as (etcd, workdir, env):
-        kubeapi = servers[0]
+    pods = with_pods if options.pods else None
+    with cluster("calico-gc-bench-", live, options.host_names, pods) as (etcd, workdir, env, kubeapi):
         started = time.perf_counter()
         generated = datastore(
             options.hosts,
