@@ -254,23 +254,28 @@ def test_pods_that_cannot_be_read_leave_the_leaks_unknown_and_unreleased(
     assert harness.dump()[BLOCK] == before, "no release without the pods"
 
 
+# Answers that are no Pod, each with the field the job's decoder names.
 NOT_A_POD = [
-    {"kind": "Pod", "spec": 5},
-    {"kind": "Pod", "status": ["Running"]},
-    {"kind": "Pod", "spec": {"nodeName": 7}},
+    ({"kind": "Pod", "spec": 5}, "`$.spec`"),
+    ({"kind": "Pod", "status": ["Running"]}, "`$.status`"),
+    ({"kind": "Pod", "spec": {"nodeName": 7}}, "`$.spec.nodeName`"),
 ]
 
 
-@pytest.mark.parametrize("answer", NOT_A_POD)
-def test_a_fetched_pod_the_job_cannot_read_is_one_line_not_a_traceback(harness: Harness, answer: Any) -> None:
-    """A proxy answers the GET of a candidate's pod with JSON that is no Pod: one `bad_answer`
-    line naming the request and the field, the leaks unknown (null), and no traceback."""
+@pytest.mark.parametrize(("answer", "field"), NOT_A_POD)
+def test_a_fetched_pod_the_job_cannot_read_is_one_line_not_a_traceback(
+    harness: Harness, answer: Any, field: str
+) -> None:
+    """A proxy answers the GET of a candidate's pod with JSON that is no Pod: one `unreadable`
+    line naming the request and the field (the adapter's `bad_answer`), the leaks unknown (null),
+    and no traceback."""
     leak_web0(harness)
     harness.kubeapi.fail("GET", WEB0_POD, 200, body=answer)
     report, code = harness.run()
     assert code == 0 and report["audit"]["leaked_ips"]["count"] is None
     [error] = report["errors"]
     assert error["kind"] == "unreadable" and "/pods/web-0: " in error["message"] and "not a Pod" in error["message"]
+    assert field in error["message"], error["message"]
 
 
 def test_a_pod_name_no_pod_can_have_is_never_asked_for(harness: Harness) -> None:
