@@ -12,17 +12,129 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import msgspec
 import structlog
 
 from job.adapters import kube_protobuf
-from job.adapters.kube import Kube, KubeError, either, json_page
+from job.adapters.kube import Kube, KubeError, either, typed_page
 from job.config import Config, format_duration
 from job.core.health import FORBIDDEN, CalicoNodePod, HealthInputs, Webhook, is_crash_looping, log_digest
 
 log = structlog.get_logger("calico_gc.health")
 CALICO_NODE_CONTAINER = "calico-node"
-# The calico-node pods in protobuf where the server speaks it: JSON-shaped, so read alike.
-CALICO_NODE_PAGE = either("PodList", kube_protobuf.as_json, json_page, message="HealthPodList")
+
+
+# What the diagnosis reads of each object, typed, so that a server (or a proxy) that answers a
+# field in another shape is one `bad_answer` naming it, and the check is skipped: never a traceback.
+class _Named(msgspec.Struct, frozen=True):
+    name: str = ""
+    namespace: str = ""
+    labels: dict[str, str] | None = None
+
+
+class _Waiting(msgspec.Struct, frozen=True):
+    reason: str | None = None
+
+
+class _Terminated(msgspec.Struct, frozen=True):
+    exitCode: int | None = None  # the API's names
+    reason: str | None = None
+    finishedAt: str | None = None
+
+
+class _ContainerState(msgspec.Struct, frozen=True):
+    waiting: _Waiting | None = None
+    terminated: _Terminated | None = None
+
+
+class _ContainerStatus(msgspec.Struct, frozen=True):
+    name: str = ""
+    state: _ContainerState | None = None
+    lastState: _ContainerState | None = None
+    restartCount: int | None = None
+
+
+class _PodCondition(msgspec.Struct, frozen=True):
+    type: str = ""
+    status: str = ""
+
+
+class _PodStatus(msgspec.Struct, frozen=True):
+    phase: str | None = None
+    conditions: list[_PodCondition] | None = None
+    containerStatuses: list[_ContainerStatus] | None = None
+
+
+class _PodSpec(msgspec.Struct, frozen=True):
+    nodeName: str | None = None
+
+
+class _CalicoNodePod(msgspec.Struct, frozen=True):
+    """A calico-node pod in JSON: the fields kube_protobuf's HealthPod reads in protobuf."""
+
+    metadata: _Named | None = None
+    spec: _PodSpec | None = None
+    status: _PodStatus | None = None
+
+
+class _LabelRequirement(msgspec.Struct, frozen=True):
+    key: str = ""
+    operator: str = ""
+    values: list[str] | None = None
+
+
+class _LabelSelector(msgspec.Struct, frozen=True):
+    matchLabels: dict[str, str] | None = None
+    matchExpressions: list[_LabelRequirement] | None = None
+
+
+class _Rule(msgspec.Struct, frozen=True):
+    operations: list[str] | None = None
+    apiGroups: list[str] | None = None
+    resources: list[str] | None = None
+
+
+class _Service(msgspec.Struct, frozen=True):
+    namespace: str = "default"
+    name: str = ""
+
+
+class _ClientConfig(msgspec.Struct, frozen=True):
+    service: _Service | None = None
+
+
+class _Hook(msgspec.Struct, frozen=True):
+    name: str = ""
+    failurePolicy: str | None = None
+    rules: list[_Rule] | None = None
+    namespaceSelector: _LabelSelector | None = None
+    objectSelector: _LabelSelector | None = None
+    clientConfig: _ClientConfig = _ClientConfig()
+
+
+class _WebhookConfiguration(msgspec.Struct, frozen=True):
+    metadata: _Named = _Named()
+    webhooks: list[_Hook] | None = None
+
+
+class _EndpointConditions(msgspec.Struct, frozen=True):
+    ready: bool | None = None
+
+
+class _Endpoint(msgspec.Struct, frozen=True):
+    conditions: _EndpointConditions = _EndpointConditions()
+
+
+class _EndpointSlice(msgspec.Struct, frozen=True):
+    endpoints: list[_Endpoint] | None = None
+
+
+# The calico-node pods in protobuf where the server speaks it, else JSON read typed; either way
+# as the API's JSON holds them (kube_protobuf.as_json), so read alike.
+CALICO_NODE_PAGE = either(
+    "PodList", kube_protobuf.as_json, typed_page(_CalicoNodePod), msgspec.to_builtins, message="HealthPodList"
+)
+WEBHOOK_PAGE, ENDPOINT_SLICE_PAGE = typed_page(_WebhookConfiguration), typed_page(_EndpointSlice)
 LOG_READERS = 8  # previous logs read at once: each waits on a kubelet, through the API server
 WEBHOOK_KINDS = (("Validating", "validatingwebhookconfigurations"), ("Mutating", "mutatingwebhookconfigurations"))
 
@@ -51,7 +163,7 @@ def read_health(kube: Kube, config: Config) -> HealthInputs:
         hooks: list[Webhook] = []
         for kind, plural in WEBHOOK_KINDS:
             for hooks_of_one in kube.list_all(
-                f"/apis/admissionregistration.k8s.io/v1/{plural}", partial(_webhooks, kind=kind)
+                f"/apis/admissionregistration.k8s.io/v1/{plural}", partial(_webhooks, kind=kind), page=WEBHOOK_PAGE
             ):
                 hooks.extend(hooks_of_one)
         inputs.webhooks = tuple(hooks)
@@ -125,6 +237,7 @@ def _ready_endpoints(kube: Kube, namespace: str, service: str) -> int | None:
             f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
             _ready_in_slice,
             {"labelSelector": f"kubernetes.io/service-name={service}"},
+            ENDPOINT_SLICE_PAGE,
         )
     except KubeError as error:
         if error.status == 403:
@@ -133,9 +246,8 @@ def _ready_endpoints(kube: Kube, namespace: str, service: str) -> int | None:
     return sum(ready_per_slice)
 
 
-def _ready_in_slice(endpoint_slice: dict[str, Any]) -> int:
-    endpoints = endpoint_slice.get("endpoints") or []
-    return sum(1 for e in endpoints if (e.get("conditions") or {}).get("ready") is not False)
+def _ready_in_slice(endpoint_slice: _EndpointSlice) -> int:
+    return sum(1 for e in endpoint_slice.endpoints or () if e.conditions.ready is not False)
 
 
 def _skipped(error: KubeError) -> str:
@@ -170,22 +282,23 @@ def _calico_node_pod(item: dict[str, Any]) -> CalicoNodePod:
     )
 
 
-def _webhooks(configuration: dict[str, Any], kind: str) -> list[Webhook]:
-    found = []
-    for hook in configuration.get("webhooks") or []:
-        service = (hook.get("clientConfig") or {}).get("service")
-        found.append(
-            Webhook(
-                configuration=str((configuration.get("metadata") or {}).get("name", "")),
-                name=str(hook.get("name", "")),
-                kind=kind,
-                failure_policy=hook.get("failurePolicy") or "Fail",
-                rules=hook.get("rules") or [],
-                namespace_selector=hook.get("namespaceSelector"),
-                object_selector=hook.get("objectSelector"),
-                service=(service.get("namespace", "default"), service["name"])
-                if service and service.get("name")
-                else None,
-            )
+def _webhooks(configuration: _WebhookConfiguration, kind: str) -> list[Webhook]:
+    return [
+        Webhook(
+            configuration=configuration.metadata.name,
+            name=hook.name,
+            kind=kind,
+            failure_policy=hook.failurePolicy or "Fail",
+            rules=[msgspec.to_builtins(rule) for rule in hook.rules or ()],
+            namespace_selector=_selector(hook.namespaceSelector),
+            object_selector=_selector(hook.objectSelector),
+            service=(service.namespace, service.name)
+            if (service := hook.clientConfig.service) and service.name
+            else None,
         )
-    return found
+        for hook in configuration.webhooks or ()
+    ]
+
+
+def _selector(selector: _LabelSelector | None) -> dict[str, Any] | None:
+    return None if selector is None else msgspec.to_builtins(selector)

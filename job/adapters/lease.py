@@ -8,8 +8,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import structlog
 
 from job.adapters.kube import Kube, KubeError
@@ -18,6 +19,31 @@ from job.core.model import parse_time
 
 log = structlog.get_logger("calico_gc.lease")
 MIN_RENEW_INTERVAL_S = 1.0
+
+
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # as the API holds these
+
+
+class _LeaseSpec(msgspec.Struct, frozen=True):
+    """What the lock reads of a Lease; the Lease itself is written back as it was read, changed."""
+
+    holderIdentity: str | None = None  # the API's names
+    leaseDurationSeconds: Int32 | None = None
+    acquireTime: str | None = None
+    renewTime: str | None = None
+    leaseTransitions: Int32 | None = None
+
+
+class _Lease(msgspec.Struct, frozen=True):
+    spec: _LeaseSpec | None = None
+
+
+def _spec_of(lease: Any, path: str) -> _LeaseSpec:
+    """A Lease's spec, typed; an answer that is no Lease (a proxy's) is one `bad_answer`."""
+    try:
+        return msgspec.convert(lease, _Lease).spec or _LeaseSpec()
+    except msgspec.ValidationError as error:
+        raise KubeError(f"GET {path}: the answer is not a Lease: {error}", kind="bad_answer") from None
 
 
 def _micro_time(moment: datetime) -> str:
@@ -50,8 +76,9 @@ class LeaseLock:
             "acquireTime": _micro_time(now),
             "renewTime": _micro_time(now),
         }
+        path = f"{self._path}/{self.name}"
         try:
-            current = self.kube.request("GET", f"{self._path}/{self.name}")
+            current = self.kube.request("GET", path)
         except KubeError as error:
             if error.status != 404:
                 raise
@@ -62,21 +89,21 @@ class LeaseLock:
                 "spec": spec,
             }
             return self._take("POST", self._path, body, "another run")
-        held = current.get("spec") or {}
-        other = held.get("holderIdentity")
-        renewed = parse_time(held.get("renewTime")) or parse_time(held.get("acquireTime"))
+        held = _spec_of(current, path)
+        other = held.holderIdentity
+        renewed = parse_time(held.renewTime) or parse_time(held.acquireTime)
         # Time left, not an expiry: renewed + duration overflows for a renewal in the year 9999.
-        left = renewed - now + timedelta(seconds=held.get("leaseDurationSeconds") or 0) if renewed else None
+        left = renewed - now + timedelta(seconds=held.leaseDurationSeconds or 0) if renewed else None
         if other and other != self.holder and left is not None and left > timedelta(0):
-            return str(other)
+            return other
         current["spec"] = {
-            **held,
+            **(current.get("spec") or {}),
             **spec,
-            "leaseTransitions": int(held.get("leaseTransitions") or 0) + (other != self.holder),
+            "leaseTransitions": (held.leaseTransitions or 0) + (other != self.holder),
         }
         if other and other != self.holder:
             log.warning("lease_taken_over", previous_holder=other, expired_at=None if left is None else str(now + left))
-        return self._take("PUT", f"{self._path}/{self.name}", current, str(other or "another run"))
+        return self._take("PUT", path, current, other or "another run")
 
     def _written(self, method: str, path: str, body: dict[str, Any]) -> bool:
         """Write the Lease; False on a 409 (someone else wrote it first). A retried write that
@@ -105,9 +132,9 @@ class LeaseLock:
         """Apply `change` to the Lease spec if it is still ours; False when it is not."""
         path = f"{self._path}/{self.name}"
         current = self.kube.request("GET", path)
-        spec = current.setdefault("spec", {})
-        if spec.get("holderIdentity") != self.holder:
+        if _spec_of(current, path).holderIdentity != self.holder:
             return False
+        spec = current["spec"] = current.get("spec") or {}
         change(spec)
         return self._written("PUT", path, current)
 

@@ -572,3 +572,57 @@ def test_a_check_whose_answer_is_not_json_is_skipped_with_its_kind(harness: Harn
     )
     report, code = harness.run()
     assert code == 0 and report["health"]["checks"]["webhooks"] == "skipped: bad_answer"
+
+
+# Answers a proxy (or a server without protobuf) might give in JSON, each with a field calico-gc
+# reads in a shape it cannot read, and the field the skipped check's warning names.
+NOT_CALICO_NODE_PODS = [
+    ({"kind": "PodList", "items": [5]}, "Pod #0: the object"),
+    ({"kind": "PodList", "items": [{"metadata": []}]}, "metadata"),
+    ({"kind": "PodList", "items": [{"status": {"conditions": "Ready"}}]}, "status.conditions"),
+    ({"kind": "PodList", "items": [{"status": {"containerStatuses": ["calico-node"]}}]}, "containerStatuses[0]"),
+    (
+        {"kind": "PodList", "items": [{"status": {"containerStatuses": [{"restartCount": "many"}]}}]},
+        "containerStatuses[0].restartCount",
+    ),
+]
+NOT_WEBHOOKS = [
+    (VALIDATING, {"kind": "ValidatingWebhookConfigurationList", "items": ["x"]}, "#0: the object"),
+    (VALIDATING, {"kind": "ValidatingWebhookConfigurationList", "items": [{"webhooks": [5]}]}, "webhooks[0]"),
+    (
+        MUTATING,
+        {"kind": "MutatingWebhookConfigurationList", "items": [{"webhooks": [{"name": "w", "rules": 5}]}]},
+        "webhooks[0].rules",
+    ),
+    (
+        VALIDATING,
+        {"kind": "ValidatingWebhookConfigurationList", "items": [{"webhooks": [{"clientConfig": []}]}]},
+        "clientConfig",
+    ),
+    (r"/endpointslices$", {"kind": "EndpointSliceList", "items": [{"endpoints": ["10.0.0.1"]}]}, "endpoints[0]"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "answer", "field", "check"),
+    [(f"^{PODS}$", answer, field, "calico_node") for answer, field in NOT_CALICO_NODE_PODS]
+    + [(path, answer, field, "webhooks") for path, answer, field in NOT_WEBHOOKS],
+)
+def test_a_health_read_the_job_cannot_read_skips_its_check_in_one_line(
+    harness: Harness, capfd: pytest.CaptureFixture[str], path: str, answer: dict[str, Any], field: str, check: str
+) -> None:
+    """A server that answers JSON (no protobuf) with a field the diagnosis reads in another shape:
+    that check is skipped as `bad_answer`, its warning naming the field, and the run goes on (it
+    was a traceback that ended the run, exit 1)."""
+    scenario = s.kops_cluster()
+    harness.seed(scenario)
+    healthy_pods(harness, scenario)
+    webhook(harness.kubeapi, "gatekeeper")
+    endpoints(harness.kubeapi, "gatekeeper", ready=True)
+    harness.kubeapi.serves_protobuf = False
+    harness.kubeapi.fail("GET", path, 200, times=10, body=answer)
+    report, code = harness.run()
+    assert code == 0 and report["summary"]["would_delete"] == 2
+    assert report["health"]["checks"][check] == "skipped: bad_answer"
+    [warning] = [json.loads(line) for line in capfd.readouterr().err.splitlines() if "health_check_skipped" in line]
+    assert field in warning["error"], warning["error"]

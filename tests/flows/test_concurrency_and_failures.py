@@ -67,6 +67,51 @@ def test_a_lease_renewed_at_either_end_of_time_is_decided(
     assert (code, report["outcome"]) == (0, outcome)
 
 
+# Answers to the Lease's GET that are no Lease (a proxy's), each with the field the error names.
+NOT_A_LEASE = [
+    ({"kind": "Lease", "spec": ["calico-gc"]}, "`$.spec`"),
+    (
+        {"kind": "Lease", "spec": {"renewTime": "2026-11-30T11:50:00.000000Z", "leaseDurationSeconds": "1h"}},
+        "`$.spec.leaseDurationSeconds`",
+    ),
+    ({"kind": "Lease", "spec": {"holderIdentity": 7}}, "`$.spec.holderIdentity`"),
+    ({"kind": "Lease", "spec": {"leaseTransitions": 2**40}}, "`$.spec.leaseTransitions`"),
+]
+
+
+@pytest.mark.parametrize(("answer", "field"), NOT_A_LEASE)
+def test_a_lease_the_job_cannot_read_is_one_line_and_nothing_is_done(
+    harness: Harness, answer: dict[str, Any], field: str
+) -> None:
+    """The Lease answered in a shape the lock cannot read: one `bad_answer` line naming the
+    field, exit 2 (as any `bad_answer`), nothing read or written. It was a traceback (`spec` not an object, a duration
+    that is no number), or a holder taken from a number."""
+    harness.seed(s.kops_cluster())
+    harness.kubeapi.fail("GET", f"^{LEASES}/calico-gc$", 200, body=answer)
+    before = harness.dump()
+    report, code = harness.run(harness.config(apply=True), lock=True)
+    assert (code, report["outcome"]) == (2, "error"), "a server or proxy to look at, as any bad_answer"
+    [error] = report["errors"]
+    assert error["kind"] == "bad_answer" and "is not a Lease" in error["message"], error
+    assert field in error["message"], error["message"]
+    assert harness.dump() == before and harness.kubeapi.count("GET", "^/api/v1/nodes") == 0
+
+
+def test_a_lease_that_is_no_lease_when_released_only_warns(harness: Harness) -> None:
+    """The Lease, taken, reads as no Lease when the run gives it up: the run's own result stands
+    (the Lease expires on its own, one short duration later); it was a traceback."""
+    harness.seed(s.kops_cluster())
+    broken = {"kind": "Lease", "spec": ["calico-gc"]}
+    harness.kubeapi.on(
+        "POST", f"^{LEASES}$", lambda: harness.kubeapi.fail("GET", f"^{LEASES}/calico-gc$", 200, body=broken)
+    )
+    report, code = harness.run(harness.config(), lock=True)
+    assert (code, report["outcome"], report["errors"]) == (0, "ok", [])
+    assert report["lock"]["acquired"] is True
+    held = harness.kubeapi.get(LEASES, "calico-gc")
+    assert held is not None and held["spec"]["holderIdentity"], "not given up: it expires on its own"
+
+
 def test_expired_lock_is_taken_over_and_released_at_the_end(harness: Harness) -> None:
     harness.seed(s.kops_cluster())
     harness.kubeapi.put(LEASES, lease("crashed-run", "2026-11-30T10:00:00.000000Z", seconds=600))
