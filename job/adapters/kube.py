@@ -149,6 +149,22 @@ class _Node(msgspec.Struct, frozen=True):
     status: _NodeStatus = _NodeStatus()
 
 
+class _ConfigMapMeta(msgspec.Struct, frozen=True):
+    resourceVersion: str  # the API's names; a write back must carry it
+    name: str = ""
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class _ConfigMap(msgspec.Struct, frozen=True):
+    """What the job reads of its own ConfigMaps (grace state, kept reports), checked before they
+    are used as read: one of another shape is a `bad_answer`, never a traceback."""
+
+    metadata: _ConfigMapMeta
+    data: dict[str, str] | None = None
+    binaryData: dict[str, str] | None = None
+
+
 class UnreadableItem(ValueError):
     """A list that is a Kubernetes list, one of whose items holds a field the job reads in a shape
     it cannot read: the message names the object and the field."""
@@ -806,12 +822,19 @@ class Kube:
     # ConfigMaps (grace state)
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap as read (None: there is none), its shape checked (_ConfigMap)."""
+        path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
         try:
-            return self.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+            answer = self.request("GET", path)
         except KubeError as error:
             if error.status == 404:
                 return None
             raise
+        try:
+            msgspec.convert(answer, _ConfigMap)
+        except msgspec.ValidationError as error:
+            raise KubeError(f"GET {path}: the answer is not a ConfigMap: {error}", kind="bad_answer") from None
+        return answer
 
     def write(
         self, method: str, path: str, body: dict[str, Any], at: str, done: Callable[[dict[str, Any] | None], bool]
@@ -860,15 +883,17 @@ class Kube:
 
 def _same_config_map(written: dict[str, Any], now: dict[str, Any] | None) -> bool:
     """`now` holds what `written` wrote: its data, labels and annotations."""
-    if now is None:
-        return False
-    meta, wrote = now.get("metadata") or {}, written["metadata"]
+    try:
+        read = msgspec.convert(now, _ConfigMap)
+    except msgspec.ValidationError:
+        return False  # None (gone), or no ConfigMap: not what was written
+    wrote = written["metadata"]
     return all(
         [
-            (now.get("data") or {}) == (written.get("data") or {}),
-            (now.get("binaryData") or {}) == (written.get("binaryData") or {}),
-            (meta.get("labels") or {}) == (wrote.get("labels") or {}),
-            (meta.get("annotations") or {}) == (wrote.get("annotations") or {}),
+            (read.data or {}) == (written.get("data") or {}),
+            (read.binaryData or {}) == (written.get("binaryData") or {}),
+            (read.metadata.labels or {}) == (wrote.get("labels") or {}),
+            (read.metadata.annotations or {}) == (wrote.get("annotations") or {}),
         ]
     )
 

@@ -292,3 +292,19 @@ def test_a_kept_report_this_version_cannot_summarise_is_said_in_one_line(
     assert len(err.splitlines()) == 1
     assert main(["reports", "show", "oddrun", "--output", "json"], env) == 0
     assert json.loads(capsys.readouterr().out)["hosts"] == [{"name": 5}]
+
+
+def test_a_kept_report_configmap_that_is_no_configmap_is_one_line(harness: Harness) -> None:
+    """A kept report's ConfigMap answered with annotations that are no map (a proxy's): the report
+    is not kept, said in one `report_keep` line naming the field, and the run's result stands. It
+    was a traceback that escaped the run."""
+    harness.seed(s.kops_cluster())
+    broken = {"kind": "ConfigMap", "metadata": {"name": part_name(0, 0), "resourceVersion": "5", "annotations": ["x"]}}
+    harness.kubeapi.fail(
+        "GET", f"^/api/v1/namespaces/{NAMESPACE}/configmaps/{part_name(0, 0)}$", 200, body=broken, times=5
+    )
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and report["summary"]["deleted"] == 2
+    assert {e["kind"] for e in report["errors"]} == {"report_keep"}
+    assert all("the answer is not a ConfigMap" in e["message"] for e in report["errors"])
+    assert all("`$.metadata.annotations`" in e["message"] for e in report["errors"]), report["errors"]

@@ -104,6 +104,41 @@ def test_the_configmap_store_builds_on_its_own_write(harness: Harness) -> None:
     assert harness.kubeapi.count("PUT", f"^{CONFIGMAPS}/calico-gc-state$") == 1, "then replaced with no 409"
 
 
+# Answers to the state ConfigMap's GET that are no ConfigMap (a proxy's), with the field named.
+NOT_A_CONFIGMAP = [
+    ({"kind": "ConfigMap", "metadata": {"name": "calico-gc-state", "resourceVersion": "5"}, "data": ["x"]}, "`$.data`"),
+    (
+        {
+            "kind": "ConfigMap",
+            "metadata": {"name": "calico-gc-state", "resourceVersion": "5"},
+            "data": {"state.json": 5},
+        },
+        "`$.data[...]`",
+    ),
+    ({"kind": "ConfigMap", "metadata": {"name": "calico-gc-state"}, "data": {}}, "`resourceVersion`"),
+    ({"kind": "ConfigMap", "metadata": [], "data": {}}, "`$.metadata`"),
+]
+
+
+@pytest.mark.parametrize(("answer", "field"), NOT_A_CONFIGMAP)
+def test_a_state_configmap_that_is_no_configmap_is_reported_and_every_wait_restarts(
+    harness: Harness, answer: dict[str, Any], field: str
+) -> None:
+    """The state ConfigMap answered in a shape calico-gc cannot read: a `grace_state` line naming
+    the field, and every wait restarts, as for a state that is not JSON. Each was a traceback
+    (`unexpected`, exit 1): `data` not an object, a value that is not text, no resourceVersion to
+    write back, `metadata` not an object."""
+    harness.seed(s.kops_cluster())
+    config = harness.config(apply=True, keep_reports=0, **GRACE)
+    store = ConfigMapStateStore(Kube(api_client(config), harness.retry), "calico-gc", "calico-gc-state")
+    harness.kubeapi.fail("GET", f"^{CONFIGMAPS}/calico-gc-state$", 200, body=answer)
+    report, code = harness.run(config, state=store)
+    assert code == 0 and report["summary"]["waiting_grace"] == 2 and report["summary"]["deleted"] == 0
+    [message] = grace_errors(report)
+    assert "every wait restarts" in message and "the answer is not a ConfigMap" in message
+    assert field in message, message
+
+
 @pytest.mark.parametrize(
     ("denied", "overrides", "flag"),
     [
