@@ -816,7 +816,8 @@ class Kube:
             },
         }
         answer = self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body=body)
-        allowed = (answer.get("status") or {}).get("allowed")
+        status = answer.get("status")
+        allowed = status.get("allowed") if isinstance(status, dict) else None
         return allowed if isinstance(allowed, bool) else None
 
     # ConfigMaps (grace state)

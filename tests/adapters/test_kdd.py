@@ -604,3 +604,36 @@ def _lean_handles(harness: Harness, read: Any) -> set[str]:
     config = kdd(harness)
     store = KddDatastore(Kube(api_client(config), harness.retry))
     return set(read(store, lambda: {LIVE_A, LIVE_B}).handles)
+
+
+# Answers a proxy might give for what a run reads beside Calico's own lists, and what each leaves.
+ODD_ANSWERS = [
+    ("GET", r"/deployments/calico-kube-controllers$", {"kind": "Deployment", "spec": {"template": []}}),
+    (
+        "GET",
+        r"/deployments/calico-kube-controllers$",
+        {"kind": "Deployment", "spec": {"template": {"spec": {"containers": [{"env": ["ENABLED_CONTROLLERS"]}]}}}},
+    ),
+    ("GET", r"/ipamconfig(s|urations)/default$", {"kind": "IPAMConfig", "spec": ["ipCooldownSeconds"]}),
+    ("POST", r"/selfsubjectaccessreviews$", {"kind": "SelfSubjectAccessReview", "status": ["allowed"]}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "answer"), ODD_ANSWERS)
+def test_an_odd_answer_beside_the_calico_lists_is_not_known_never_a_traceback(
+    harness: Harness, group: Group, method: str, path: str, answer: dict[str, Any]
+) -> None:
+    """kube-controllers' Deployment, the IPAMConfig or an access review answered in a shape no
+    server of Kubernetes' gives (a proxy's): what it would have told is not known, said where it
+    is reported, and the run plans as without it. Each was a traceback (`unexpected`, exit 1)."""
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.fail(method, path, 200, times=10, body=answer)
+    report, code = harness.run(kdd(harness))
+    assert code == 0 and [h["action"] for h in report["hosts"]] == ["would_delete"]
+    assert not [e for e in report["errors"] if e["kind"] == "unexpected"]
+    if "deployments" in path:
+        assert report["datastore"]["kube_controllers"]["deployment"] is None
+    if "ipamconfig" in path:
+        assert {"kind": "malformed_value", "message": "spec is a list", "key": "ipamconfigs/default"} in report[
+            "errors"
+        ]

@@ -146,6 +146,38 @@ _PAGE = typed_page(_Object)
 _HANDLE_SPEC = msgspec.json.Decoder(_HandleSpec)
 
 
+class _EnvVar(msgspec.Struct, frozen=True):
+    name: str = ""
+    value: str | None = None
+
+
+class _Container(msgspec.Struct, frozen=True):
+    env: list[_EnvVar] | None = None
+
+
+class _PodSpec(msgspec.Struct, frozen=True):
+    containers: list[_Container] | None = None
+
+
+class _Template(msgspec.Struct, frozen=True):
+    spec: _PodSpec = _PodSpec()
+
+
+class _DeploymentSpec(msgspec.Struct, frozen=True):
+    template: _Template = _Template()
+
+
+class _DeploymentStatus(msgspec.Struct, frozen=True):
+    readyReplicas: int = 0  # the API's names
+
+
+class _Deployment(msgspec.Struct, frozen=True):
+    """What the job reads of kube-controllers' Deployment; one of another shape is not known."""
+
+    spec: _DeploymentSpec = _DeploymentSpec()
+    status: _DeploymentStatus = _DeploymentStatus()
+
+
 def _meta(metadata: _Meta) -> dict[str, Any]:
     return msgspec.to_builtins(metadata)  # type: ignore[no-any-return]
 
@@ -480,7 +512,11 @@ class KddDatastore:
                 return 0
             problems.append(DataProblem("unreadable", "ipamconfigs/default", f"not read: {error}"))
             return None
-        seconds = (config.get("spec") or {}).get("ipCooldownSeconds", 0)
+        spec = config.get("spec") or {}
+        if not isinstance(spec, dict):  # a proxy's answer: a real server checks the CRD's schema
+            problems.append(DataProblem("malformed_value", "ipamconfigs/default", f"spec is a {type(spec).__name__}"))
+            return None
+        seconds = spec.get("ipCooldownSeconds", 0)
         if type(seconds) is not int or not 0 <= seconds <= MAX_IP_COOLDOWN_S:
             problems.append(DataProblem("malformed_value", "ipamconfigs/default", f"ipCooldownSeconds {seconds!r}"))
             return None
@@ -496,15 +532,18 @@ class KddDatastore:
         }
         for namespace in KUBE_CONTROLLERS_NAMESPACES:
             path = f"/apis/apps/v1/namespaces/{namespace}/deployments/calico-kube-controllers"
-            deployment = self._get(path)
-            if deployment is None:
+            answer = self._get(path)
+            if answer is None:
                 continue
-            containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers")
-            env = {e.get("name"): e.get("value") for c in containers or [] for e in c.get("env") or []}
+            try:
+                deployment = msgspec.convert(answer, _Deployment)
+            except msgspec.ValidationError:
+                break  # an answer that is no Deployment (a proxy's): not known, as where not allowed
+            env = {e.name: e.value for c in deployment.spec.template.spec.containers or () for e in c.env or ()}
             enabled = env.get("ENABLED_CONTROLLERS")
             found.update(
                 deployment=f"{namespace}/calico-kube-controllers",
-                ready_replicas=(deployment.get("status") or {}).get("readyReplicas", 0),
+                ready_replicas=deployment.status.readyReplicas,
                 node_controller="node" in enabled.split(",") if enabled else True,
             )
             break
