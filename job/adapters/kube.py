@@ -871,7 +871,12 @@ class Kube:
         method, path = (
             ("PUT", f"{collection}/{name}") if body["metadata"].get("resourceVersion") else ("POST", collection)
         )
-        return self.write(method, path, body, f"{collection}/{name}", partial(_same_config_map, body))
+        written = self.write(method, path, body, f"{collection}/{name}", partial(_same_config_map, body))
+        try:
+            msgspec.convert(written, _ConfigMap)
+        except msgspec.ValidationError as error:  # done, or not: the next write could not build on it
+            raise KubeError(f"{method} {path}: the answer is not a ConfigMap: {error}", kind="bad_answer") from None
+        return written
 
     @property
     def host(self) -> str:

@@ -637,3 +637,22 @@ def test_an_odd_answer_beside_the_calico_lists_is_not_known_never_a_traceback(
         assert {"kind": "malformed_value", "message": "spec is a list", "key": "ipamconfigs/default"} in report[
             "errors"
         ]
+
+
+def test_a_tombstone_whose_answer_names_no_version_fails_its_host_in_doubt(harness: Harness, group: Group) -> None:
+    """The gone node's block marked `deleted`, answered with no resourceVersion (a proxy's): the
+    delete that follows cannot be guarded, so it is not sent; the host fails with the write in
+    doubt, in one line, and the next run finishes it. It was a KeyError mid-apply."""
+    seed_kdd(harness.kubeapi, group)
+    harness.kubeapi.fail(
+        "PUT", f"{group.path}/ipamblocks/100-96-9-0-26$", 200, body={"kind": "IPAMBlock", "metadata": {}}
+    )
+    report, code = harness.run(kdd(harness, apply=True))
+    gone = hosts_by_name(report)[GONE]
+    assert (code, gone["action"]) == (4, "failed"), report["errors"]
+    assert "names no resourceVersion to delete at" in gone["error"]
+    assert harness.kubeapi.count("DELETE", "/ipamblocks/100-96-9-0-26$") == 0
+    assert not [e for e in report["errors"] if e["kind"] == "unexpected"]
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
+    assert harness.kubeapi.get(f"{group.path}/ipamblocks", "100-96-9-0-26") is None

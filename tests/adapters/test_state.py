@@ -139,6 +139,21 @@ def test_a_state_configmap_that_is_no_configmap_is_reported_and_every_wait_resta
     assert field in message, message
 
 
+def test_a_state_write_answered_with_no_configmap_fails_the_save_in_one_line(harness: Harness) -> None:
+    """The state ConfigMap's create answered with something that is no ConfigMap (a proxy's): the
+    next write could not build on it (no resourceVersion), so the save fails in one line, as any
+    save that fails. It was a KeyError (`unexpected`) at the next save."""
+    harness.seed(s.kops_cluster())
+    config = harness.config(apply=True, keep_reports=0)
+    store = ConfigMapStateStore(Kube(api_client(config), harness.retry), "calico-gc", "calico-gc-state")
+    harness.kubeapi.fail("POST", f"^{CONFIGMAPS}$", 201, body={"kind": "ConfigMap", "metadata": {"name": "x"}})
+    report, code = harness.run(config, state=store)
+    assert not [e for e in report["errors"] if e["kind"] == "unexpected"], report["errors"]
+    [message] = grace_errors(report)
+    assert "the answer is not a ConfigMap" in message and "`resourceVersion`" in message, message
+    assert (code, report["outcome"]) == (1, "error"), "an apply run that cannot save its state fails"
+
+
 @pytest.mark.parametrize(
     ("denied", "overrides", "flag"),
     [

@@ -632,7 +632,14 @@ class KddDatastore:
             marked = self._send("PUT", path, self._object(plural, write.key, write.revision, spec))
             if marked is None:
                 return False
-            uid, revision = marked["metadata"].get("uid", uid), marked["metadata"]["resourceVersion"]
+            metadata = marked.get("metadata")
+            metadata = metadata if isinstance(metadata, dict) else {}
+            if not isinstance(metadata.get("resourceVersion"), str):  # a proxy's: the delete cannot be guarded
+                error = KubeError(f"PUT {path}: the answer names no resourceVersion to delete at", kind="bad_answer")
+                error.in_doubt = True  # marked, or not: the answer cannot tell
+                raise error
+            revision = metadata["resourceVersion"]
+            uid = metadata["uid"] if isinstance(metadata.get("uid"), str) else uid
         preconditions = {"uid": uid, "resourceVersion": revision}
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
         try:
