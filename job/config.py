@@ -159,9 +159,9 @@ OPTIONS: tuple[Option, ...] = (
         "--release-leaked-ips",
         "CALICO_GC_RELEASE_LEAKED_IPS",
         "false",
-        "Also release pod IPs that stayed leaked (their pod gone, on another node or holding other IPs, and no "
-        "workload endpoint) for --leak-grace-period. Off by default: leaks are always reported, and a wrong "
-        "release cuts a live pod off, so turning it on is a choice.",
+        "Also release pod IPs that stayed leaked (their pod gone or finished, on another node or holding other "
+        "IPs, and no workload endpoint) for --leak-grace-period. Off by default: leaks are always reported, and a "
+        "wrong release cuts a live pod off, so turning it on is a choice.",
         switch=True,
     ),
     Option(

@@ -47,8 +47,10 @@ REQUEST_TIMEOUT_S = 30
 # core), and a run may hold 8 previous-log reads (adapters/health.LOG_READERS), its Lease renewal
 # and the lists at once; past the pool each request opens and drops a connection, with a warning.
 POOL_CONNECTIONS = 16
-# Host-network pods hold their node's IP, never a Calico one: the leak check does not list them.
-POD_NETWORK_PODS = "spec.hostNetwork=false"
+# The pods the leak check lists: host-network pods hold their node's IP, never a Calico one, and a
+# pod that has finished (Failed or Succeeded) holds none, as Calico has it (docs/calico-data.md).
+FINISHED_PHASES = ("Failed", "Succeeded")
+POD_NETWORK_PODS = ",".join(["spec.hostNetwork=false", *(f"status.phase!={phase}" for phase in FINISHED_PHASES)])
 JSON = "application/json, */*"
 # Pods as a Table of their printed columns, without the objects (includeObject=None): the API
 # server prints a pod's name, IP and node from its cache and encodes no pod, so neither its spec,
@@ -81,6 +83,7 @@ class _PodIP(msgspec.Struct, frozen=True):
 class _PodStatus(msgspec.Struct, frozen=True):
     podIP: str | None = None
     podIPs: list[_PodIP] | None = None
+    phase: str | None = None  # read of a pod fetched by name (FINISHED_PHASES); a list leaves those out
 
 
 class _Pod(msgspec.Struct, frozen=True):
@@ -749,8 +752,8 @@ class Kube:
     def each_pod(self, take: Callable[[tuple[str, str], PodInfo], None], one_ip_each: bool = False) -> None:
         """Every Pod on the pod network, page by page, handed to `take` as (namespace, name) and
         where it runs: a pod is decoded as those few fields, nothing else of it is built, and
-        only what the caller keeps stays in memory. Host-network pods are left out by the API
-        server itself (POD_NETWORK_PODS). The list asks for the most recent state (no
+        only what the caller keeps stays in memory. Host-network pods and finished ones are left
+        out by the API server itself (POD_NETWORK_PODS). The list asks for the most recent state (no
         resourceVersion): a pod that existed when the caller began is in it.
 
         `one_ip_each` (no pod can hold two of the caller's IPs): the pods are asked for as a Table
@@ -768,9 +771,10 @@ class Kube:
         self.list_all("/api/v1/pods", one, query, _POD_PAGE, accept)
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
-        """A fresh GET of one Pod; None on 404, and without a request for names no pod can have
-        (a namespace is a DNS label, a pod's name a DNS subdomain): the names come from the
-        datastore's allocations, and one of another shape must not become another path."""
+        """A fresh GET of one Pod; None on 404 or where it has finished (it holds no IP, as the
+        pods list leaves it out), and without a request for names no pod can have (a namespace is
+        a DNS label, a pod's name a DNS subdomain): the names come from the datastore's
+        allocations, and one of another shape must not become another path."""
         if not (is_dns_label(namespace) and is_dns_subdomain(name)):
             return None
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
@@ -781,13 +785,14 @@ class Kube:
                 return None
             raise
         try:
-            return _pod_entry(_POD.decode(raw))[1]
+            pod = _POD.decode(raw)
         except (msgspec.DecodeError, RecursionError) as error:
             raise KubeError(
                 f"GET {path}: {self.host} answered with something that is not a Pod ({one_line(str(error), 80)}); "
                 "is it the API server, or a proxy in between?",
                 kind="bad_answer",
             ) from None
+        return None if pod.status.phase in FINISHED_PHASES else _pod_entry(pod)[1]
 
     def node_exists(self, name: str) -> bool:
         """A fresh GET of one Node: False only on 404."""
