@@ -346,6 +346,25 @@ def test_kubernetes_datastore_leak_is_released_after_its_grace(harness: Harness)
     assert "web-a" in {a["secondary"].get("pod") for a in block["spec"]["attributes"]}, f"{LIVE_A}'s pod keeps its IP"
 
 
+def test_kubernetes_datastore_a_finished_pods_ip_is_leaked(harness: Harness) -> None:
+    """On the Kubernetes datastore the pods are the workload endpoints: web-a, evicted (Failed,
+    its IP still in its status), holds no endpoint IP any more, as Calico converts it; its IP is
+    leaked and released after its grace. The list leaves it out; the re-check finds it finished."""
+    seed_kdd(harness.kubeapi)
+    config = kdd(harness, apply=True, release_leaked_ips=True, exclude=("worker-gone",))
+    pod = harness.kubeapi.get("/api/v1/namespaces/default/pods", "web-a")
+    assert pod is not None
+    harness.kubeapi.put(
+        "/api/v1/namespaces/default/pods", {**pod, "status": {**pod["status"], "phase": "Failed", "reason": "Evicted"}}
+    )
+    assert leaks(harness.run(config)[0])["100.96.1.5"]["action"] == "waiting_grace"
+    harness.now += timedelta(minutes=20)
+    report, code = harness.run(config)
+    assert code == 0 and leaks(report)["100.96.1.5"]["action"] == "released"
+    block = harness.kubeapi.get(f"{CRD}/ipamblocks", "100-96-1-0-26")
+    assert block is not None and block["spec"]["allocations"][5] is None
+
+
 def test_calico_2_leaks_are_pods_gone_by_their_handle(harness: Harness) -> None:
     """Calico 2.x records no node on an allocation; its CNI names the handle <namespace>.<pod>.
     An IP whose endpoint and pod are both gone is leaked; a pod of that name anywhere holds it."""
