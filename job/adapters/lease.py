@@ -21,7 +21,8 @@ log = structlog.get_logger("calico_gc.lease")
 MIN_RENEW_INTERVAL_S = 1.0
 
 
-Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # as the API holds these
+INT32_MAX = 2**31 - 1
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]  # as the API holds these
 
 
 class _LeaseSpec(msgspec.Struct, frozen=True):
@@ -99,7 +100,8 @@ class LeaseLock:
         current["spec"] = {
             **(current.get("spec") or {}),
             **spec,
-            "leaseTransitions": (held.leaseTransitions or 0) + (other != self.holder),
+            # A count at int32's end stays there: one past it is a write the server refuses.
+            "leaseTransitions": min((held.leaseTransitions or 0) + (other != self.holder), INT32_MAX),
         }
         if other and other != self.holder:
             log.warning("lease_taken_over", previous_holder=other, expired_at=None if left is None else str(now + left))

@@ -97,6 +97,19 @@ def test_a_lease_the_job_cannot_read_is_one_line_and_nothing_is_done(
     assert harness.dump() == before and harness.kubeapi.count("GET", "^/api/v1/nodes") == 0
 
 
+def test_a_lease_taken_over_at_the_end_of_its_transitions_count_keeps_it_there(harness: Harness) -> None:
+    """An expired Lease whose leaseTransitions is int32's largest: taken over, the count stays
+    there, where one more was a write the API server refuses (`invalid`, "a bug in calico-gc")."""
+    harness.seed(s.kops_cluster())
+    expired = lease("crashed-run", "2026-11-30T10:00:00.000000Z", seconds=600)
+    expired["spec"] = {**expired["spec"], "leaseTransitions": 2**31 - 1}  # type: ignore[dict-item]
+    harness.kubeapi.put(LEASES, expired)
+    report, code = harness.run(harness.config(), lock=True)
+    assert (code, report["outcome"], report["errors"]) == (0, "ok", [])
+    held = harness.kubeapi.get(LEASES, "calico-gc")
+    assert held is not None and held["spec"]["leaseTransitions"] == 2**31 - 1
+
+
 def test_a_lease_that_is_no_lease_when_released_only_warns(harness: Harness) -> None:
     """The Lease, taken, reads as no Lease when the run gives it up: the run's own result stands
     (the Lease expires on its own, one short duration later); it was a traceback."""
