@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.adapters.test_etcdv2 import seeded
 from tests.adapters.test_kdd import GONE, kdd, seed_kdd, snapshot
 from tests.conftest import Harness
@@ -115,3 +117,22 @@ def test_a_restored_object_the_crds_rules_refuse_fails_its_host_in_one_line(harn
     assert restored["action"] == "failed" and "\n" not in restored["error"]
     assert "at least one of interfaceName or expectedIPs must be specified" in restored["error"], restored["error"]
     assert harness.kubeapi.get(f"{api}/hostendpoints", f"{GONE}-eth0") is None
+
+
+@pytest.mark.parametrize("metadata", [[], {"name": "100-96-8-0-26"}])
+def test_a_reread_object_that_is_no_object_fails_the_restore_never_taken_for_absent(
+    harness: Harness, group: Group, metadata: object
+) -> None:
+    """The restore reads each key it would write as it is now; an answer with no metadata a write
+    could build on (a proxy's) fails the host in one line. It was taken for an object that is not
+    there, and its create put back over the one that is, where the server did not refuse it."""
+    seed_kdd(harness.kubeapi, group)
+    report, code = harness.run(kdd(harness, apply=True))
+    assert code == 0
+    lending = f"{group.path}/ipamblocks/100-96-8-0-26"
+    harness.kubeapi.fail("GET", f"{lending}$", 200, times=20, body={"kind": "IPAMBlock", "metadata": metadata})
+    document, code = harness.restore(kdd(harness, apply=True), source=report)
+    (restored,) = document["hosts"]
+    assert (code, restored["action"]) == (4, "failed")
+    assert restored["error"] == f"GET {lending}: the answer is no Kubernetes object (no metadata.resourceVersion)"
+    assert document["summary"]["keys_written"] == 0

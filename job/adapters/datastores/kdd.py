@@ -578,12 +578,20 @@ class KddDatastore:
         return found
 
     def _get_found(self, path: str) -> dict[str, Any] | None:
+        """The object at `path` as it is now; None when there is none. An answer without the
+        metadata a write must send back (a proxy's) is an error, never taken for absent."""
         try:
-            return self._kube.request("GET", path)
+            found = self._kube.request("GET", path)
         except KubeError as error:
             if error.status == 404:
                 return None
             raise DatastoreError(f"GET {path}: {error}") from error
+        metadata = found.get("metadata")
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("resourceVersion"), str):
+            raise DatastoreError(
+                f"GET {path}: the answer is no Kubernetes object (no metadata.resourceVersion)", "bad_answer"
+            )
+        return found
 
     def _created(self, plural: str, name: str, value: str) -> dict[str, Any]:
         """The object to POST for a key read as `value`: only what its writer chose is kept
