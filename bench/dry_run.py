@@ -313,8 +313,8 @@ def main() -> int:
     parser.add_argument(
         "--pods",
         action="store_true",
-        help="the API test server also holds --pods-per-host pods on each live host, as a cluster holds its pods: what "
-        "the leak check reads of them is measured (requests and bytes encoded)",
+        help="the API test server also holds --pods-per-host pods and a calico-node pod on each live host, as a "
+        "cluster holds its pods: what the leak check reads of them is measured (requests and bytes encoded)",
     )
     options = parser.parse_args()
     # The image ships the job compiled (Dockerfile); a tree that writes no bytecode (as under
@@ -327,6 +327,7 @@ def main() -> int:
     def with_pods(kubeapi: KubeApiServer, node: str) -> None:
         for pod in range(options.pods_per_host):  # in 172.16.0.0/12: never any block's address
             kubeapi.add_pod("bench", f"{node}-{pod}", node, str(ipaddress.ip_address(0xAC10_0000 + next(numbers))))
+        kubeapi.add_calico_node_pod(node)  # the health diagnosis reads one a node, every run
 
     pods = with_pods if options.pods else None
     with cluster("calico-gc-bench-", live, options.host_names, pods) as (etcd, workdir, env, kubeapi):

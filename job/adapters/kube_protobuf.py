@@ -153,25 +153,6 @@ def status_json(raw: bytes) -> str | None:
     return json.dumps({"kind": "Status", "message": status.message, "reason": status.reason, "code": status.code})
 
 
-def as_json(message: Any) -> dict[str, Any]:
-    """A message as the API's JSON holds what it read: set fields by their JSON names, maps as
-    objects, times as RFC 3339; an empty string left out, as Kubernetes' `omitempty` leaves it."""
-    found: dict[str, Any] = {}
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            if value != "":
-                found[field.name] = list(value) if field.is_repeated else value
-        elif field.message_type.GetOptions().map_entry:
-            found[field.name] = dict(value)
-        elif field.is_repeated:
-            found[field.name] = [as_json(item) for item in value]
-        elif field.message_type.name == "Time":
-            found[field.name] = when(message, field.name)
-        else:
-            found[field.name] = as_json(value)
-    return found
-
-
 def when(parent: Any, field: str) -> str | None:
     """A metav1.Time field as the API's JSON writes it (RFC 3339, seconds); None when unset."""
     if not parent.HasField(field):

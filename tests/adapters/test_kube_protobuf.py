@@ -13,7 +13,7 @@ import requests
 from google.protobuf.descriptor import FieldDescriptor
 
 import bench.kdd
-from job.adapters import kube_protobuf
+from job.adapters import health, kube_protobuf
 from job.adapters.health import read_health
 from job.adapters.kube import Kube, KubeError, api_client
 from job.config import Config
@@ -254,8 +254,23 @@ def test_an_empty_string_is_left_out_as_the_apis_json_leaves_it() -> None:
     state = field(1, field(1, b""))  # waiting, with an empty reason
     container = field(1, b"calico-node") + field(2, state) + k8s_protobuf._key(5, 0) + k8s_protobuf._varint(0)
     pod = field(1, field(1, b"calico-node-a")) + field(3, field(1, b"") + field(8, container))
-    (item,), _ = kube_protobuf.decode_list(k8s_protobuf.listing("PodList", {}, [pod]), "PodList", "HealthPodList")
-    assert kube_protobuf.as_json(item) == {
-        "metadata": {"name": "calico-node-a"},
-        "status": {"containerStatuses": [{"name": "calico-node", "state": {"waiting": {}}, "restartCount": 0}]},
+    as_json = {
+        "kind": "PodList",
+        "items": [
+            {
+                "metadata": {"name": "calico-node-a"},
+                "status": {"containerStatuses": [{"name": "calico-node", "state": {"waiting": {}}, "restartCount": 0}]},
+            }
+        ],
     }
+    (from_json,), _ = health.CALICO_NODE_PAGE(json.dumps(as_json).encode())
+    (from_protobuf,), _ = health.CALICO_NODE_PAGE(k8s_protobuf.listing("PodList", {}, [pod]))
+    read = health._calico_node_pod(from_protobuf)
+    assert read == health._calico_node_pod(from_json)
+    assert (read.name, read.waiting_reason, read.restarts, read.phase, read.node) == (
+        "calico-node-a",
+        None,
+        0,
+        None,
+        None,
+    )
