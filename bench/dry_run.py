@@ -399,7 +399,8 @@ def main() -> int:
         }
         read_runs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
         runs: dict[str, list[tuple[tuple[float, float, int, dict[str, object]], float]]] = {n: [] for n in cases}
-        # Per run: the pods requests the API test server answered, and the bytes it encoded for them.
+        # Per run: the leak check's pods requests the API test server answered, and the bytes it
+        # encoded for pods (the server counts by resource: the calico-node pods' list is among them).
         pod_reads: dict[str, list[tuple[int, int]]] = {n: [] for n in cases}
         for _ in range(options.repeat):
             for name, read in reads.items():
@@ -444,8 +445,9 @@ def main() -> int:
                 f"  etcd CPU {spread([r[1] for r in runs[name]])}, {etcd_cpu / floor_cpu:.2f}x etcdctl's (goal <= 1.5)"
                 f"  peak RSS {spread([r[0][1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
                 f"  Kubernetes reads {kube:.2f}s (beside the etcd read; the leak check's pods read "
-                f"{statistics.median(r[0] for r in pod_reads[name]):.0f} requests, "
-                f"{statistics.median(r[1] for r in pod_reads[name]) / 1e6:.2f} MB encoded)"
+                f"{statistics.median(r[0] for r in pod_reads[name]):.0f} requests; the server encoded "
+                f"{statistics.median(r[1] for r in pod_reads[name]) / 1e6:.2f} MB of pods, the calico-node pods' "
+                "list included)"
                 f"  the etcd read within the run {read:.2f}s (the rest is starting Python, imports, planning and"
                 " the report)"
                 f"{counted}"
