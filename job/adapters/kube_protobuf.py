@@ -3,8 +3,8 @@
 A core kind's list costs the API server less to encode as protobuf (generated code, not
 reflection) than as JSON, in fewer bytes (a pod with its managedFields: 0.62 of its JSON). This
 module is the wire format only: the schema below names just the fields calico-gc reads, so protobuf's C parser
-skips everything else (managedFields, most of a pod) without building it. `kube.py` turns the
-messages into the same records its JSON reading gives.
+skips everything else (managedFields, most of a pod) without building it. `kube.py` and
+`health.py` turn the messages into the same records their JSON reading gives.
 
 The numbers are Kubernetes' own (k8s.io/api `core/v1/generated.proto`, k8s.io/apimachinery
 `apis/meta/v1` and `runtime` `generated.proto`); docs/kubernetes-wire.md lists each one.

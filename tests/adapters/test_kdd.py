@@ -656,3 +656,19 @@ def test_a_tombstone_whose_answer_names_no_version_fails_its_host_in_doubt(harne
     report, code = harness.run(kdd(harness, apply=True))
     assert code == 0 and hosts_by_name(report)[GONE]["action"] == "deleted"
     assert harness.kubeapi.get(f"{group.path}/ipamblocks", "100-96-9-0-26") is None
+
+
+def test_an_odd_deployment_in_one_namespace_leaves_kube_controllers_to_the_other(harness: Harness) -> None:
+    """kube-system's answer for kube-controllers is no Deployment (a proxy's): not known there, as
+    where it may not be read, so calico-system's is still looked at and found."""
+    seed_kdd(harness.kubeapi)
+    deployment = harness.kubeapi.get("/apis/apps/v1/namespaces/kube-system/deployments", "calico-kube-controllers")
+    assert deployment is not None
+    harness.kubeapi.put("/apis/apps/v1/namespaces/calico-system/deployments", deployment)
+    harness.kubeapi.fail(
+        "GET", "/namespaces/kube-system/deployments/calico-kube-controllers$", 200, body={"spec": {"template": []}}
+    )
+    report, code = harness.run(kdd(harness))
+    assert (
+        code == 0 and report["datastore"]["kube_controllers"]["deployment"] == "calico-system/calico-kube-controllers"
+    )

@@ -532,13 +532,12 @@ class KddDatastore:
         }
         for namespace in KUBE_CONTROLLERS_NAMESPACES:
             path = f"/apis/apps/v1/namespaces/{namespace}/deployments/calico-kube-controllers"
-            answer = self._get(path)
-            if answer is None:
-                continue
             try:
-                deployment = msgspec.convert(answer, _Deployment)
+                deployment = msgspec.convert(self._get(path), _Deployment | None)
             except msgspec.ValidationError:
-                break  # an answer that is no Deployment (a proxy's): not known, as where not allowed
+                deployment = None  # an answer that is no Deployment (a proxy's): not known, as where not allowed
+            if deployment is None:
+                continue
             env = {e.name: e.value for c in deployment.spec.template.spec.containers or () for e in c.env or ()}
             enabled = env.get("ENABLED_CONTROLLERS")
             found.update(
