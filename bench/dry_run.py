@@ -149,8 +149,9 @@ class EtcdCpu:
 
 def parallel_read_seconds(config: Config) -> float:
     """The same keys read the way the job reads them (prefixes side by side), parsing nothing; the
-    endpoints' pages bounded as the job's, by the namespaces' starts and, in few namespaces, the
-    sampled hosts' (the Calico Nodes' names, read first), and the blocks' by the affinities'
+    endpoints' pages bounded by the namespaces' starts and, in few namespaces, every 50th host's
+    (the Calico Nodes' names, read first: the job's bounds within a namespace follow its pods in
+    the blocks it files, which this read does not parse), and the blocks' by the affinities'
     keys, read first too. The handles' pages are bounded only by windows: the job's bounds for
     them are handle ids sampled from the blocks it files (BlockScan.handle_samples), which a read
     that parses nothing has not."""

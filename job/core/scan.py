@@ -71,9 +71,9 @@ class BlockScan:
     owned_specially: list[tuple[str, int, Mapping[str, Any]]] = field(default_factory=list)
     # Addresses in IP cooldown, per block: how many, and the oldest `releasedAt` (None: none readable).
     cooling: dict[str, tuple[int, datetime | None]] = field(default_factory=dict)
-    # The namespaces pods' allocations name: where the etcd v3 read's endpoint pages may stop
-    # (namespace starts, as its namespace profiles give where kube-controllers keeps them).
-    namespaces: set[str] = field(default_factory=set)
+    # The namespaces pods' allocations name, with how many: where and how often the etcd v3 read's
+    # endpoint pages may stop (namespace starts, as its namespace profiles give, and hosts within).
+    namespaces: dict[str, int] = field(default_factory=dict)
     # A handle id from every HANDLE_SAMPLE_EVERY-th block, drawn at random as far as the handles'
     # keys go (container ids): where the etcd v3 read's handle pages may stop.
     handle_samples: list[str] = field(default_factory=list)
@@ -111,7 +111,7 @@ class BlockScan:
             if not isinstance(node, str):
                 node = namespace = None
             elif isinstance(namespace := secondary.get("namespace"), str):  # a pod's
-                namespaces.add(namespace)
+                namespaces[namespace] = namespaces.get(namespace, 0) + 1
             else:
                 namespace = None
             if (node and VM_NAME in secondary) or ALTERNATE in attribute or (handle and VM_HANDLE_MARK in handle):

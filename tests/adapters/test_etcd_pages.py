@@ -20,7 +20,9 @@ from job.adapters.datastores.base import DatastoreError
 from job.adapters.datastores.etcdv3 import (
     BLOCKS,
     HANDLES,
+    NAMESPACE_PROFILES,
     READ_SWITCH_INTERVAL,
+    WORKLOAD_ENDPOINTS,
     EtcdV3Datastore,
     NamespaceStarts,
     Window,
@@ -334,14 +336,17 @@ def _read_counting(etcd: EtcdServer, live: set[str], page_size: int, prefix: str
 BENCH_HOSTS = 1000
 
 
-def _bench_fleet(etcd: EtcdServer, pods_per_host: int, names: str = "aws", **layout: Any) -> set[str]:
-    """bench.generate's `namespaces` layout of BENCH_HOSTS hosts, a tenth gone, loaded into etcd:
+def _bench_fleet(
+    etcd: EtcdServer, pods_per_host: int, names: str = "aws", profiles: bool = True, **layout: Any
+) -> set[str]:
+    """bench.generate's `namespaces` layout of BENCH_HOSTS hosts, a tenth gone, loaded into etcd
+    (without its namespace profiles, as where kube-controllers keeps none, unless `profiles`):
     the live hosts' names."""
     from bench.generate import datastore, host_name, orphan_indexes
 
     orphans = BENCH_HOSTS // 10
     keys = datastore(BENCH_HOSTS, orphans, pods_per_host, shape="namespaces", names=names, **layout)
-    calico.load(etcd.url, dict(keys))
+    calico.load(etcd.url, {key: value for key, value in keys if profiles or not key.startswith(NAMESPACE_PROFILES)})
     gone = orphan_indexes(BENCH_HOSTS, orphans, "namespaces")
     return {host_name(index, names) for index in range(BENCH_HOSTS) if index not in gone}
 
@@ -364,7 +369,7 @@ def test_without_namespace_profiles_the_blocks_pod_allocations_say_where_namespa
         calico.wipe(etcd.url)
         calico.load(etcd.url, keys)
         if not (learnt or profiles):  # the profiles' starts as ever, and nothing learnt from the blocks
-            monkeypatch.setattr(NamespaceStarts, "learn", lambda self, names: None)
+            monkeypatch.setattr(NamespaceStarts, "learn_sizes", lambda self, sizes, share: None)
         counted[profiles], inventory = _read_counting(etcd, hosts - {"ip-10-0-3-10"}, 20)  # one host gone
         endpoints[profiles] = _endpoints(inventory)
     assert endpoints[True] == endpoints[False] and endpoints[True]
@@ -403,19 +408,72 @@ def test_in_one_namespace_the_endpoints_pages_stop_where_sampled_hosts_start(
     etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every pod in one namespace: no namespace start bounds the endpoints' pages, and a window
-    guessed from a page's keys read as numbers overshoots on host names. Bounds where every
-    HOSTS_PER_BOUND-th host's endpoints start keep etcd's count near what it returns; without them
-    (FEW_NAMESPACES 0) it counts more than twice as many keys past those it returns (the blocks'
-    and handles' pages are the same in both reads). Either way every endpoint is read."""
+    guessed from a page's keys read as numbers overshoots on host names. Bounds where sampled
+    hosts' endpoints start keep etcd's count near what it returns; without them it counts more
+    than twice as many keys past those it returns (the blocks' and handles' pages are the same in
+    both reads). Either way every endpoint is read."""
     live = _bench_fleet(etcd, 4, namespaces=1)
     counted, endpoints = {}, {}
     for sampled in (True, False):
         if not sampled:
-            monkeypatch.setattr(etcdv3, "FEW_NAMESPACES", 0)
+            _no_host_bounds(monkeypatch)
         counted[sampled], inventory = _read_counting(etcd, live, 200)
         endpoints[sampled] = _endpoints(inventory)
     assert endpoints[True] == endpoints[False] and endpoints[True]
     assert counted[False] > 2 * counted[True], counted
+
+
+def _no_host_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NamespaceStarts bounds no namespace where its hosts' endpoints start."""
+    monkeypatch.setattr(etcdv3, "ENDPOINTS_PER_BOUND", 1 << 30)
+    monkeypatch.setattr(etcdv3, "FEW_NAMESPACES", 0)
+
+
+def test_among_many_namespaces_a_large_ones_pages_stop_where_its_hosts_start(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hundred namespaces of skewed sizes (the largest holds ~700 endpoints), and no profiles:
+    more than FEW_NAMESPACES, so only the blocks' pod allocations say which are large, and each
+    gets a host bound for every ENDPOINTS_PER_BOUND of its pods (the endpoints' first page waits
+    for the first page of blocks). Without them, a large namespace's pages each counted to its
+    end; with them etcd counts a fraction of that. Either way every endpoint is read."""
+    live = _bench_fleet(etcd, 8, names="gke", profiles=False, namespaces=100)
+    counted, endpoints = {}, {}
+    for sampled in (True, False):
+        if not sampled:
+            _no_host_bounds(monkeypatch)
+        counted[sampled], inventory = _read_counting(etcd, live, 50, WORKLOAD_ENDPOINTS)
+        endpoints[sampled] = _endpoints(inventory)
+    assert endpoints[True] == endpoints[False] and endpoints[True]
+    assert counted[False] > 2 * counted[True], counted
+
+
+def test_without_namespace_profiles_no_endpoints_range_counts_the_whole_prefix(etcd: EtcdServer) -> None:
+    """Without profiles nothing bounds the endpoints' first page but what the blocks say: it waits
+    for the first page of blocks, where it once asked for the whole prefix and etcd counted every
+    endpoint in the cluster. Every endpoint is still read."""
+    keys, hosts = _fleet_of_namespaces(profiles=False)
+    calico.wipe(etcd.url)
+    calico.load(etcd.url, keys)
+    endpoint = EtcdEndpoint("http", "127.0.0.1", etcd.client_port)
+    store = EtcdV3Datastore(Config(etcd_endpoints=(endpoint,), page_size=20), RetryPolicy())
+    counts, ranges = [], store.range
+
+    def watched(start: str | bytes, *args: Any) -> tuple[Any, int]:
+        answer, size = ranges(start, *args)
+        if (start.encode() if isinstance(start, str) else start).startswith(WORKLOAD_ENDPOINTS.encode()):
+            counts.append(answer.count)
+        return answer, size
+
+    store.range = watched  # type: ignore[method-assign]
+    try:
+        inventory = store.read(lambda: hosts - {"ip-10-0-3-10"})  # one host gone
+    finally:
+        store.close()
+    total = sum(1 for key in keys if key.startswith(WORKLOAD_ENDPOINTS))
+    gone = sorted(key for key in keys if key.startswith(WORKLOAD_ENDPOINTS) and "/ip--10--0--3--10-k8s-" in key)
+    assert _endpoints(inventory) == gone and gone and total > 400
+    assert max(counts) < total / 2, (max(counts), total)
 
 
 def test_the_blocks_pages_stop_where_sampled_affine_blocks_start(

@@ -100,8 +100,10 @@ READ_QUEUE_PAGES = 2
 # GIL back to ask for its next page; at Python's default (5 ms) etcd sat idle meanwhile.
 READ_SWITCH_INTERVAL = 0.001
 WINDOW_PAGES = 8  # a page's range is guessed to hold this many pages (Window)
-# In at most 32 namespaces, the endpoints' pages also stop where every 50th host's endpoints start
-# in each (NamespaceStarts): 100 bounds a namespace at 5,000 hosts; at 15,000, 9,600 in all (1 MB).
+# The endpoints' pages also stop where some hosts' endpoints start in each namespace (NamespaceStarts):
+# one bound for every 100 pods the blocks place in it (1,000 bounds at 100,000 pods, 0.1 MB). Where
+# the blocks say nothing, every 50th host in each of at most 32 namespaces.
+ENDPOINTS_PER_BOUND = 100
 HOSTS_PER_BOUND = 50
 FEW_NAMESPACES = 32
 # The blocks' pages stop where every 200th block a host's affinity names starts (block_starts): a
@@ -260,9 +262,10 @@ class KnownKeys:
     def __call__(self) -> Sequence[bytes]:
         return self._keys
 
-    def learn(self, names: Iterable[str]) -> None:
+    def learn(self, names: Iterable[str], remake: bool = False) -> None:
+        """Names found since; `remake`: the bounds are made anew even if none is new."""
         new = {name for name in names if name and "/" not in name} - self._names
-        if new:
+        if new or remake:
             self._names |= new
             self._keys = tuple(sorted(self._bounds()))
 
@@ -278,26 +281,48 @@ class NamespaceStarts(KnownKeys):
     cluster without the profiles. The endpoints' pages stop at them (small namespaces side by
     side share a range, or 10,000 namespaces took 10,064 ranges): across a hundred namespaces of
     any size, windows that did not made etcd count 6.8 times the keys it returned; 3.85 times with
-    the profiles' starts, 4.25 with the blocks' alone (the first pages go out before a block is
-    filed; docs/development.md).
+    the profiles' starts (docs/development.md).
 
-    Where there are few namespaces (FEW_NAMESPACES), a namespace's endpoints are also bounded
-    where the endpoints of every HOSTS_PER_BOUND-th host start (`hosts`, the Calico Node names):
-    an endpoint's name starts with its node's, dashes doubled, then `-k8s-`
-    (libcalico-go/lib/names/workloadendpoint.go). Windows guessed from a page's keys overshoot on
-    host names (in one namespace, etcd counted 6 to 11.5 times the keys it returned); with these
-    it counts about what it returns."""
+    A namespace's endpoints are also bounded where the endpoints of some of its hosts start
+    (`hosts`, the Calico Node names): an endpoint's name starts with its node's, dashes doubled,
+    then `-k8s-` (libcalico-go/lib/names/workloadendpoint.go). Windows guessed from a page's keys
+    overshoot on host names (in one namespace, etcd counted 6 to 11.5 times the keys it
+    returned); with these it counts about what it returns. How many: one for every
+    ENDPOINTS_PER_BOUND pods the blocks' allocations place in the namespace so far (learn_sizes),
+    so the bounds follow the pods, however many namespaces there are. Where the blocks say
+    nothing (a read that keeps every block whole), every HOSTS_PER_BOUND-th host, in each of at
+    most FEW_NAMESPACES namespaces."""
 
-    def __init__(self, names: Iterable[str] = (), hosts: Iterable[str] = ()) -> None:
-        self._hosts = _every(HOSTS_PER_BOUND, (host.replace("-", "--") for host in hosts))
-        super().__init__(WORKLOAD_ENDPOINTS, "/", names)
+    def __init__(self, names: Iterable[str] = (), hosts: Iterable[str] = (), awaited: bool = False) -> None:
+        self._hosts = sorted(host.replace("-", "--") for host in hosts)
+        self._per_namespace: dict[str, int] = {}  # host bounds per namespace, by the blocks
+        super().__init__(WORKLOAD_ENDPOINTS, "/", names, awaited)
+
+    def learn_sizes(self, sizes: Mapping[str, int], share: float) -> None:
+        """The namespaces the blocks' pod allocations name, with how many they name in the `share`
+        of the blocks filed so far (the endpoints' first pages go out after the first page of blocks)."""
+        per_namespace = {name: int(n / share) // ENDPOINTS_PER_BOUND for name, n in sizes.items() if "/" not in name}
+        per_namespace = {name: bounds for name, bounds in per_namespace.items() if bounds}
+        changed, self._per_namespace = per_namespace != self._per_namespace, per_namespace
+        self.learn(sizes, remake=changed)
 
     def _bounds(self) -> list[bytes]:
-        starts = super()._bounds()
-        if len(self._names) > FEW_NAMESPACES:
-            return starts  # namespace starts bound the ranges well enough (README: 1.37x counted at 100)
-        prefix = self._prefix
-        return starts + [_bytes(f"{prefix}{name}/{host}-k8s-") for name in self._names for host in self._hosts]
+        hosts, prefix = self._hosts, self._prefix
+        per_namespace = self._per_namespace
+        if not per_namespace and len(self._names) <= FEW_NAMESPACES:
+            per_namespace = dict.fromkeys(self._names, len(hosts) // HOSTS_PER_BOUND)
+        sampled = [
+            _bytes(f"{prefix}{name}/{host}-k8s-")
+            for name, count in per_namespace.items()
+            for host in _spaced(hosts, count)
+        ]
+        return super()._bounds() + sampled
+
+
+def _spaced(items: Sequence[AnyStr], count: int) -> Sequence[AnyStr]:
+    """About `count` of the sorted `items`, evenly spaced (as _every)."""
+    step = max(1, len(items) // count) if count > 0 else len(items) + 1
+    return items[step // 2 :: step]
 
 
 def block_starts(affinity_keys: Iterable[str]) -> tuple[bytes, ...]:
@@ -993,7 +1018,12 @@ class EtcdV3Datastore:
             with self._items(revision, HOST_GROUPS) as items:
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
-            starts = NamespaceStarts(self._namespace_profiles(revision), collected.nodes)
+            # Without profiles the endpoints wait for the first page of blocks, which names the
+            # namespaces: a first page with no bound made etcd count every endpoint. With them they
+            # start at once (waiting cost a one-namespace dry run 0.2 s), and the bounds that
+            # follow each namespace's pods come as the blocks are filed.
+            profiles = self._namespace_profiles(revision)
+            starts = NamespaceStarts(profiles, collected.nodes, awaited=not profiles)
             # Handles the blocks name, a sample (BlockScan.handle_samples): the handles' pages stop
             # at them, as their keys (random container ids, tunnel handles by node) give
             # windows no density to go by. The handles are read once the blocks are filed.
@@ -1007,8 +1037,10 @@ class EtcdV3Datastore:
                     handle_keys.learn(scan.handle_samples)
                     scan.blocks_read()
                 handle_keys.complete.set()
+                starts.complete.set()  # every block is filed (there may be none): the endpoints wait no longer
 
-            blocks = block_starts(a.item.key for host in collected.affinities.values() for a in host)
+            affine = [a.item.key for host in collected.affinities.values() for a in host]
+            blocks = block_starts(affine)
             bounds: dict[str, Bounds] = {WORKLOAD_ENDPOINTS: starts, BLOCKS: blocks, HANDLES: handle_keys}
             # Entered before the Kubernetes Node names are awaited: etcd serves the first pages meanwhile.
             with self._items(revision, IPAM_GROUPS, prefix_read, bounds) as items:
@@ -1019,10 +1051,14 @@ class EtcdV3Datastore:
                     for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
                         collected.owned.pop(name, None)  # a live host's: never planned
                         collected.affinities.pop(name, None)
+                else:
+                    starts.complete.set()  # a full read scans no block as it files it
                 for prefix, kvs in items:
                     collect_page(collected, prefix, kvs)
                     if prefix == BLOCKS and collected.scan is not None:
-                        starts.learn(collected.scan.namespaces)
+                        filed = min(1, max(1, len(collected.blocks)) / max(1, len(affine)))
+                        starts.learn_sizes(collected.scan.namespaces, filed)
+                        starts.complete.set()
             inventory = assemble(collected, revision)
         finally:
             gc.enable()
