@@ -244,6 +244,12 @@ def _next_span(span: int, keys: int, target: int) -> int:
 Bounds = Sequence[bytes] | Callable[[], Sequence[bytes]]  # a scan's page-window bounds (scan)
 
 
+def _usable(name: str) -> bool:
+    """Whether a key's bound can be made of a name: an empty one, or one with a `/`, would be
+    another kind of key."""
+    return bool(name) and "/" not in name
+
+
 class KnownKeys:
     """Keys the read knows lie under a prefix before it reads them (`prefix` + name + `suffix`):
     scan's `bounds` for that prefix. Called for those known so far; a scan on another thread gets
@@ -264,7 +270,7 @@ class KnownKeys:
 
     def learn(self, names: Iterable[str], remake: bool = False) -> None:
         """Names found since; `remake`: the bounds are made anew even if none is new."""
-        new = {name for name in names if name and "/" not in name} - self._names
+        new = {name for name in names if _usable(name)} - self._names
         if new or remake:
             self._names |= new
             self._keys = tuple(sorted(self._bounds()))
@@ -301,7 +307,7 @@ class NamespaceStarts(KnownKeys):
     def learn_sizes(self, sizes: Mapping[str, int], share: float) -> None:
         """The namespaces the blocks' pod allocations name, with how many they name in the `share`
         of the blocks filed so far (the endpoints' first pages go out after the first page of blocks)."""
-        per_namespace = {name: int(n / share) // ENDPOINTS_PER_BOUND for name, n in sizes.items() if "/" not in name}
+        per_namespace = {name: int(n / share) // ENDPOINTS_PER_BOUND for name, n in sizes.items() if _usable(name)}
         per_namespace = {name: bounds for name, bounds in per_namespace.items() if bounds}
         changed, self._per_namespace = per_namespace != self._per_namespace, per_namespace
         self.learn(sizes, remake=changed)
