@@ -311,9 +311,12 @@ def _fleet_of_namespaces(profiles: bool) -> tuple[dict[str, str], set[str]]:
     return seed.keys, set(hosts)
 
 
-def _read_counting(etcd: EtcdServer, live: set[str], page_size: int, prefix: str = "/") -> tuple[int, Inventory]:
+def _read_counting(
+    etcd: EtcdServer, live: set[str], page_size: int, prefix: str = "/", counts: list[int] | None = None
+) -> tuple[int, Inventory]:
     """A read of what etcd holds, told these live hosts: the keys etcd counted past those it
-    returned in the ranges under `prefix`, and what the read found."""
+    returned in the ranges under `prefix`, and what the read found. `counts` gets what etcd
+    counted in each of those ranges."""
     endpoint = EtcdEndpoint("http", "127.0.0.1", etcd.client_port)
     store = EtcdV3Datastore(Config(etcd_endpoints=(endpoint,), page_size=page_size), RetryPolicy())
     counted, ranges = 0, store.range
@@ -323,6 +326,8 @@ def _read_counting(etcd: EtcdServer, live: set[str], page_size: int, prefix: str
         answer, size = ranges(start, *args)
         if (start.encode() if isinstance(start, str) else start).startswith(prefix.encode()):
             counted += answer.count - len(answer.kvs)
+            if counts is not None:
+                counts.append(answer.count)
         return answer, size
 
     store.range = watched  # type: ignore[method-assign]
@@ -455,21 +460,8 @@ def test_without_namespace_profiles_no_endpoints_range_counts_the_whole_prefix(e
     keys, hosts = _fleet_of_namespaces(profiles=False)
     calico.wipe(etcd.url)
     calico.load(etcd.url, keys)
-    endpoint = EtcdEndpoint("http", "127.0.0.1", etcd.client_port)
-    store = EtcdV3Datastore(Config(etcd_endpoints=(endpoint,), page_size=20), RetryPolicy())
-    counts, ranges = [], store.range
-
-    def watched(start: str | bytes, *args: Any) -> tuple[Any, int]:
-        answer, size = ranges(start, *args)
-        if (start.encode() if isinstance(start, str) else start).startswith(WORKLOAD_ENDPOINTS.encode()):
-            counts.append(answer.count)
-        return answer, size
-
-    store.range = watched  # type: ignore[method-assign]
-    try:
-        inventory = store.read(lambda: hosts - {"ip-10-0-3-10"})  # one host gone
-    finally:
-        store.close()
+    counts: list[int] = []
+    _, inventory = _read_counting(etcd, hosts - {"ip-10-0-3-10"}, 20, WORKLOAD_ENDPOINTS, counts)  # one host gone
     total = sum(1 for key in keys if key.startswith(WORKLOAD_ENDPOINTS))
     gone = sorted(key for key in keys if key.startswith(WORKLOAD_ENDPOINTS) and "/ip--10--0--3--10-k8s-" in key)
     assert _endpoints(inventory) == gone and gone and total > 400

@@ -295,9 +295,9 @@ class NamespaceStarts(KnownKeys):
     overshoot on host names (in one namespace, etcd counted 6 to 11.5 times the keys it
     returned); with these it counts about what it returns. How many: one for every
     ENDPOINTS_PER_BOUND pods the blocks' allocations place in the namespace so far (learn_sizes),
-    so the bounds follow the pods, however many namespaces there are. Where the blocks say
-    nothing (a read that keeps every block whole), every HOSTS_PER_BOUND-th host, in each of at
-    most FEW_NAMESPACES namespaces."""
+    so the bounds follow the pods, however many namespaces there are. Until the blocks say (or
+    where they never do: a read that keeps every block whole), every HOSTS_PER_BOUND-th host, in
+    each of at most FEW_NAMESPACES namespaces."""
 
     def __init__(self, names: Iterable[str] = (), hosts: Iterable[str] = (), awaited: bool = False) -> None:
         self._hosts = sorted(host.replace("-", "--") for host in hosts)
@@ -325,10 +325,9 @@ class NamespaceStarts(KnownKeys):
         return super()._bounds() + sampled
 
 
-def _spaced(items: Sequence[AnyStr], count: int) -> Sequence[AnyStr]:
-    """About `count` of the sorted `items`, evenly spaced (as _every)."""
-    step = max(1, len(items) // count) if count > 0 else len(items) + 1
-    return items[step // 2 :: step]
+def _spaced(ordered: Sequence[AnyStr], count: int) -> Sequence[AnyStr]:
+    """About `count` of the sorted `ordered`, evenly spaced (_every)."""
+    return _every(max(1, len(ordered) // count), ordered) if count > 0 else ()
 
 
 def block_starts(affinity_keys: Iterable[str]) -> tuple[bytes, ...]:
@@ -337,13 +336,13 @@ def block_starts(affinity_keys: Iterable[str]) -> tuple[bytes, ...]:
     (libcalico-go/lib/backend/model/block.go, block_affinity.go); the IPAM host key names none. A
     block with no affinity is read like any other: a bound is a hint."""
     tails = (key[len(AFFINITIES) :].partition("/")[2] for key in affinity_keys)
-    return tuple(_every(BLOCKS_PER_BOUND, [_bytes(BLOCKS + tail) for tail in tails if tail]))
+    return tuple(_every(BLOCKS_PER_BOUND, sorted(_bytes(BLOCKS + tail) for tail in tails if tail)))
 
 
-def _every(step: int, items: Iterable[AnyStr]) -> list[AnyStr]:
-    """Every `step`-th of the sorted `items`, from the middle of the first `step`: a bound at the
+def _every(step: int, ordered: Sequence[AnyStr]) -> Sequence[AnyStr]:
+    """Every `step`-th of the sorted `ordered`, from the middle of the first `step`: a bound at the
     very first key would make a range of nothing."""
-    return sorted(items)[step // 2 :: step]
+    return ordered[step // 2 :: step]
 
 
 def prefix_end(prefix: str) -> bytes:
