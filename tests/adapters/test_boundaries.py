@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import grpc
@@ -24,7 +24,7 @@ from job.core.report import render_text
 from job.flows.run import run
 from tests.adapters.test_kdd import seed_kdd
 from tests.conftest import Harness, hosts_by_name, validate_report
-from tests.support import calico
+from tests.support import calico, http_server
 from tests.support import scenario as s
 from tests.support.etcd_server import free_port
 from tests.support.odd_values import replace_one
@@ -40,11 +40,9 @@ def serve(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = http_server.serve(Handler)
     yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    http_server.stop(server)
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from job.kube_syntax import Requirement, parse_selector, whole_number
-from tests.support import builtin, crds, k8s_protobuf, k8s_table, objects, typed
+from tests.support import builtin, crds, http_server, k8s_protobuf, k8s_table, objects, typed
 
 REASONS = {
     400: "BadRequest",
@@ -229,16 +229,12 @@ class KubeApiServer:
     # Lifecycle
 
     def start(self) -> KubeApiServer:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        self._server = server
+        self._server = http_server.serve(_handler(self))
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            http_server.stop(self._server)
 
     @property
     def url(self) -> str:

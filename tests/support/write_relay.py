@@ -17,13 +17,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal, TypeVar
 
 import grpc
 import requests
 from etcd3.etcdrpc import rpc_pb2, rpc_pb2_grpc
 
+from tests.support import http_server
 from tests.support.etcd_server import EtcdServer
 
 T = TypeVar("T")
@@ -61,9 +62,7 @@ class WriteRelay:
         self._lock = threading.Lock()
         self._session = requests.Session()
         self._session.trust_env = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = http_server.serve(_handler(self))
         self._upstream = grpc.insecure_channel(f"127.0.0.1:{etcd.client_port}")
         self._kv = rpc_pb2_grpc.KVStub(self._upstream)
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=16), handlers=[_GrpcRelay(self)])
@@ -88,8 +87,7 @@ class WriteRelay:
     def close(self) -> None:
         self._grpc.stop(grace=None)
         self._upstream.close()
-        self._server.shutdown()
-        self._server.server_close()
+        http_server.stop(self._server)
         self._session.close()
 
     def _forward(self, method: str, path: str, raw: bytes, content_type: str | None) -> tuple[int, bytes]:
