@@ -83,6 +83,7 @@ def lists() -> tuple[tuple[str, dict[str, str]], ...]:
 
 PAGE = 500
 NAMESPACES = 10
+TEAMS = tuple(f"team-{index}" for index in range(NAMESPACES))  # the pods' namespaces, made before them
 
 
 def node_name(index: int) -> str:
@@ -103,7 +104,7 @@ def pod_handle(index: int, pod: int) -> str:
 
 def pod_object(index: int, pod: int) -> dict[str, Any]:
     """A Deployment's pod as the kubelet reports it running: ~7 KB with its managedFields."""
-    namespace, app = f"team-{pod % NAMESPACES}", f"app-{pod}"
+    namespace, app = TEAMS[pod % NAMESPACES], f"app-{pod}"
     name = f"{app}-7d9c8b6f5d-{index:05d}"
     ip, node = pod_ip(index, pod), node_name(index)
     started = "2026-11-30T08:00:00Z"
@@ -327,17 +328,29 @@ def node_object(index: int) -> dict[str, Any]:
     }
 
 
-def create_all(url: str, objects: Iterator[tuple[str, dict[str, Any]]], workers: int = 4) -> int:
+def session_of(server: KubeApiServer) -> requests.Session:
+    """A session that carries the server's bearer token (without it every request is a 401)."""
+    session = requests.Session()
+    session.trust_env = False
+    session.headers.update(server.authorization)
+    return session
+
+
+def create_all(server: KubeApiServer, objects: Iterator[tuple[str, dict[str, Any]]], workers: int = 4) -> int:
     """POST every object (collection, body) to the server's create endpoints, `workers` at a time."""
     sessions: dict[int, requests.Session] = {}
 
     def post(entry: tuple[str, dict[str, Any]]) -> None:
         import threading
 
-        session = sessions.setdefault(threading.get_ident(), requests.Session())
-        session.trust_env = False
+        ident = threading.get_ident()
+        if ident not in sessions:
+            sessions[ident] = session_of(server)
+        session = sessions[ident]
         collection, body = entry
-        answer = session.post(url + collection, data=json.dumps(body), headers={"Content-Type": "application/json"})
+        answer = session.post(
+            server.url + collection, data=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         if answer.status_code != 201:
             raise RuntimeError(f"POST {collection}: {answer.status_code} {answer.text[:200]}")
 
@@ -464,7 +477,7 @@ def names_a_gone_node(server: KubeApiServer, gone: set[str], orphans: list[int],
     return found
 
 
-def add_pods(url: str, server: KubeApiServer, nodes: int, gone: set[str], extra: int, base: int) -> None:
+def add_pods(server: KubeApiServer, nodes: int, gone: set[str], extra: int, base: int) -> None:
     """`extra` more pods on live nodes, spread over them, each with its allocation and handle."""
     live = [i for i in range(nodes) if node_name(i) not in gone]
     per_node: dict[int, int] = {}
@@ -486,9 +499,8 @@ def add_pods(url: str, server: KubeApiServer, nodes: int, gone: set[str], extra:
                     },
                 )
 
-    create_all(url, objects())
-    session = requests.Session()
-    session.trust_env = False
+    create_all(server, objects())
+    session = session_of(server)
     for index, count in per_node.items():  # the allocations, as Calico's IPAM writes them
         name = block_cidr(index).replace(".", "-").replace("/", "-")
         block = copy.deepcopy(server.get(f"{CRD}/ipamblocks", name))
@@ -506,7 +518,7 @@ def add_pods(url: str, server: KubeApiServer, nodes: int, gone: set[str], extra:
             spec["unallocated"].remove(pod + 2)
         for field in ("managedFields", "generation", "creationTimestamp"):
             block["metadata"].pop(field, None)
-        answer = session.put(f"{url}{CRD}/ipamblocks/{name}", data=json.dumps(block))
+        answer = session.put(f"{server.url}{CRD}/ipamblocks/{name}", data=json.dumps(block))
         answer.raise_for_status()
 
 
@@ -542,17 +554,19 @@ def main() -> int:
         print(f"Calico's CRDs ({crd_file}) are not beside the checkout (../shared): every write is taken unchecked")
     print(f"Calico's data in {API_VERSION}, {'validated against its CRDs' if installed else 'no CRDs'}")
     workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-kdd-"))
-    server = KubeApiServer(cache_lists=True, crds=installed).start()
+    # Anonymous requests too: the `kubectl get --raw` reference sends no token over plain HTTP.
+    server = KubeApiServer(cache_lists=True, crds=installed, anonymous=True).start()
+    for team in TEAMS:  # a create in a namespace that does not exist is a 404, as on a real server
+        server.add_namespace(team)
     try:
         started = time.perf_counter()
-        created = create_all(server.url, cluster_objects(options.nodes, options.pods_per_node))
+        created = create_all(server, cluster_objects(options.nodes, options.pods_per_node))
         # The server's millions of objects live for the whole benchmark: out of the cyclic GC's way,
         # or every collection in this process (each request the server serves) walks them all.
         gc.collect()
         gc.freeze()
         gone = {node_name(i) for i in orphan_indexes(options.nodes, options.orphans)}
-        session = requests.Session()
-        session.trust_env = False
+        session = session_of(server)
         for name in sorted(gone):
             session.delete(f"{server.url}/api/v1/nodes/{name}").raise_for_status()
         pods = len(server.objects.get("/api/v1/namespaces/team-0/pods", {})) * NAMESPACES
@@ -615,7 +629,7 @@ def main() -> int:
         if options.profile:
             profile(env, args, workdir)
         base_peak = statistics.median(j[1] for j in runs[baseline])
-        add_pods(server.url, server, options.nodes, gone, options.extra_pods, options.pods_per_node)
+        add_pods(server, options.nodes, gone, options.extra_pods, options.pods_per_node)
         gc.freeze()
         more = [run_job(env, args)[1] for _ in range(options.repeat)]
         print(
