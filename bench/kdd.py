@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections import Counter
@@ -341,8 +342,6 @@ def create_all(server: KubeApiServer, objects: Iterator[tuple[str, dict[str, Any
     sessions: dict[int, requests.Session] = {}
 
     def post(entry: tuple[str, dict[str, Any]]) -> None:
-        import threading
-
         ident = threading.get_ident()
         if ident not in sessions:
             sessions[ident] = session_of(server)
@@ -569,13 +568,13 @@ def main() -> int:
         session = session_of(server)
         for name in sorted(gone):
             session.delete(f"{server.url}/api/v1/nodes/{name}").raise_for_status()
-        pods = len(server.objects.get("/api/v1/namespaces/team-0/pods", {})) * NAMESPACES
+        pods = len(server.objects.get(f"/api/v1/namespaces/{TEAMS[0]}/pods", {})) * NAMESPACES
         print(
             f"created {created} objects through the API ({options.nodes} Nodes, ~{pods} Pods, "
             f"{len(server.objects[f'{CRD}/ipamhandles'])} IPAMHandles, {options.nodes} IPAMBlocks and "
             f"BlockAffinities), then deleted {len(gone)} Nodes, in {time.perf_counter() - started:.0f}s"
         )
-        pod_bytes = len(json.dumps(next(iter(server.objects["/api/v1/namespaces/team-0/pods"].values()))))
+        pod_bytes = len(json.dumps(next(iter(server.objects[f"/api/v1/namespaces/{TEAMS[0]}/pods"].values()))))
         print(f"one pod as served: {pod_bytes} bytes (managedFields included)")
         kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
         env = {**os.environ, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)}
