@@ -198,6 +198,12 @@ def spread(values: list[float], unit: str = "s") -> str:
     return f"median {statistics.median(values):.2f}{unit} [{min(values):.2f}-{max(values):.2f} over {len(values)}]"
 
 
+def times(value: float, floor: float) -> str:
+    """`value` as a multiple of `floor`. CPU read from /proc moves in ticks (10 ms): a tiny run's
+    `etcdctl` may cost etcd none, and then there is no ratio to give."""
+    return f"{value / floor:.2f}x" if floor > 0 else "n/a"
+
+
 def run_job(
     env: dict[str, str], args: list[str], log: Path | None = None, tree: Path | None = None
 ) -> tuple[float, float, int, dict[str, object]]:
@@ -421,7 +427,7 @@ def main() -> int:
         for name, measured in read_runs.items():
             print(
                 f"{name}: {spread([r[0] for r in measured])}, etcd CPU {spread([r[1] for r in measured])}"
-                f" ({statistics.median(r[1] for r in measured) / floor_cpu:.2f}x etcdctl's)"
+                f" ({times(statistics.median(r[1] for r in measured), floor_cpu)} etcdctl's)"
             )
         for name, (_, planned) in cases.items():
             for (_, _, code, report), _ in runs[name]:
@@ -443,7 +449,7 @@ def main() -> int:
             print(
                 f"job dry run, {name}: {spread([r[0][0] for r in runs[name]])}"
                 f"  {job / floor:.2f}x etcdctl (goal <= 1.5)"
-                f"  etcd CPU {spread([r[1] for r in runs[name]])}, {etcd_cpu / floor_cpu:.2f}x etcdctl's (goal <= 1.5)"
+                f"  etcd CPU {spread([r[1] for r in runs[name]])}, {times(etcd_cpu, floor_cpu)} etcdctl's (goal <= 1.5)"
                 f"  peak RSS {spread([r[0][1] for r in runs[name]], ' MB')} (goal <= {memory_goal})"
                 f"  Kubernetes reads {kube:.2f}s (beside the etcd read; the leak check's pods read "
                 f"{statistics.median(r[0] for r in pod_reads[name]):.0f} requests; the server encoded "

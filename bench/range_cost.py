@@ -2,7 +2,7 @@
 
 The job's page windows (etcdv3.scan) trade ranges against keys counted: etcd counts every key
 from a range's start to its end, whatever the page's limit. This seeds the 5,000-host `namespaces`
-datastore and reads one prefix (the workload endpoints: 100,000 keys, values ~0.9 KB) again and
+datastore (`--hosts`) and reads one prefix (the workload endpoints: 100,000 keys, values ~0.9 KB) again and
 again, measuring the CPU the test etcd spends on each read (/proc, as `make bench`):
 - in exact pages of N keys (each range ends at the next page's first key, so etcd counts only
   what it returns), for several N: the cost of a range;
@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.dry_run import EtcdCpu, etcdctl_seconds, spread
+from bench.dry_run import EtcdCpu, etcdctl_seconds, spread, times
 from bench.generate import datastore, load
 from job.adapters.datastores.etcdv3 import WORKLOAD_ENDPOINTS, EtcdV3Datastore, prefix_end
 from job.adapters.retry import RetryPolicy
@@ -52,12 +52,13 @@ def paged(store: EtcdV3Datastore, keys: list[bytes], revision: int, size: int, e
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--hosts", type=int, default=5000, help="a tenth of them gone")
     options = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-range-"))
     etcd = EtcdServer(workdir)
     etcd.start()
     try:
-        load(etcd.url, datastore(5000, 500, 20, shape="namespaces"))
+        load(etcd.url, datastore(options.hosts, options.hosts // 10, 20, shape="namespaces"))
         endpoint = EtcdEndpoint("http", "127.0.0.1", etcd.client_port)
         store = EtcdV3Datastore(Config(etcd_endpoints=(endpoint,), page_size=1_000_000), RetryPolicy())
         revision = store.range(WORKLOAD_ENDPOINTS, None, None)[0].header.revision
@@ -76,13 +77,13 @@ def main() -> int:
                 results[name], seconds = cpu.spent(reads[name])
                 spent[name].append(seconds)
         store.close()
-        print(f"{len(keys)} workload endpoints, 5,000 hosts (`namespaces`), {options.repeat} reads each")
+        print(f"{len(keys)} workload endpoints, {options.hosts:,} hosts (`namespaces`), {options.repeat} reads each")
         floor = statistics.median(spent["etcdctl get --prefix"])
         print(f"etcdctl get --prefix: 1 range; etcd CPU {spread(spent['etcdctl get --prefix'])}")
         for name, n, _ in pages:
             print(
                 f"{name}: {-(-len(keys) // n)} ranges, etcd counted {results[name]} keys; etcd CPU "
-                f"{spread(spent[name])}, {statistics.median(spent[name]) / floor:.2f}x etcdctl's"
+                f"{spread(spent[name])}, {times(statistics.median(spent[name]), floor)} etcdctl's"
             )
         return 0
     finally:
