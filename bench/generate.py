@@ -15,7 +15,7 @@ import hashlib
 import ipaddress
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import requests
 
@@ -355,6 +355,18 @@ def datastore(
         )
         # Another tool's encoder: spaces after the separators (Python's default).
         yield from keys if shape == "together" else ((k, json.dumps(json.loads(v))) for k, v in keys)
+
+
+def unattributed(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    """The keys with no allocation's `secondary` attributes (omitempty since Calico 3.32): blocks
+    that name no pod's namespace, node or name, as a generator that writes only handles may."""
+    for key, value in keys:
+        if key.startswith("/calico/ipam/v2/assignment/"):
+            block = json.loads(value)
+            for attribute in block.get("attributes") or []:
+                attribute.pop("secondary", None)
+            value = json.dumps(block)
+        yield key, value
 
 
 def load(url: str, keys: Iterator[tuple[str, str]]) -> int:
