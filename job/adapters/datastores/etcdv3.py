@@ -260,6 +260,7 @@ class KnownKeys:
         self._prefix, self._suffix = prefix, suffix
         self._names: set[str] = set()
         self._keys: tuple[bytes, ...] = ()
+        self._remaking = threading.Lock()  # the filing thread and the prefix's scan both learn
         self.complete = threading.Event()
         if not awaited:
             self.complete.set()
@@ -270,14 +271,23 @@ class KnownKeys:
 
     def learn(self, names: Iterable[str], remake: bool = False) -> None:
         """Names found since; `remake`: the bounds are made anew even if none is new."""
-        new = {name for name in names if _usable(name)} - self._names
-        if new or remake:
-            self._names |= new
-            self._keys = tuple(sorted(self._bounds()))
+        with self._remaking:
+            new = {name for name in names if _usable(name)} - self._names
+            if new or remake:
+                self._names |= new
+                self._keys = tuple(sorted(set(self._bounds())))
 
     def _bounds(self) -> list[bytes]:
         """The keys the names known so far give."""
         return [_bytes(f"{self._prefix}{name}{self._suffix}") for name in self._names]
+
+    def seen(self, keys: Sequence[KeyValue]) -> None:
+        """A page of the prefix's keys, as its scan reads it (before it asks for the next)."""
+
+    def gap_ends(self, start: bytes) -> Sequence[bytes]:
+        """Where the ranges from `start` should end, one after another while they come back empty,
+        when no bound or window says: none here, so the next range is the rest of the prefix."""
+        return ()
 
 
 class NamespaceStarts(KnownKeys):
@@ -302,6 +312,7 @@ class NamespaceStarts(KnownKeys):
     def __init__(self, names: Iterable[str] = (), hosts: Iterable[str] = (), awaited: bool = False) -> None:
         self._hosts = sorted(host.replace("-", "--") for host in hosts)
         self._per_namespace: dict[str, int] = {}  # host bounds per namespace, by the blocks
+        self._reading: str | None = None  # the namespace the last page ended in, where nothing else named it
         super().__init__(WORKLOAD_ENDPOINTS, "/", names, awaited)
 
     def learn_sizes(self, sizes: Mapping[str, int], share: float) -> None:
@@ -317,12 +328,43 @@ class NamespaceStarts(KnownKeys):
         per_namespace = self._per_namespace
         if not per_namespace and len(self._names) <= FEW_NAMESPACES:
             per_namespace = dict.fromkeys(self._names, len(hosts) // HOSTS_PER_BOUND)
+        reading = self._reading
+        if reading is not None and reading not in per_namespace:
+            # Found in the endpoints themselves: its sampled hosts, and where it ends ('0' follows '/').
+            per_namespace = {**per_namespace, reading: len(hosts) // HOSTS_PER_BOUND}
+            ends = [_bytes(f"{prefix}{reading}0")]
+        else:
+            ends = []
         sampled = [
             _bytes(f"{prefix}{name}/{host}-k8s-")
             for name, count in per_namespace.items()
             for host in _spaced(hosts, count)
         ]
-        return super()._bounds() + sampled
+        return super()._bounds() + sampled + ends
+
+    def seen(self, keys: Sequence[KeyValue]) -> None:
+        """The namespace the page ends in: where neither the profiles nor the blocks name the
+        namespaces (a keyspace without either), the endpoints' own keys are all that says where
+        the pages are (docs/development.md)."""
+        if not keys:
+            return
+        name = _text(keys[-1].key[len(self._prefix) :].partition(b"/")[0])
+        if name != self._reading and name not in self._names and _usable(name):
+            self._reading = name
+            self.learn((), remake=True)
+
+    def gap_ends(self, start: bytes) -> Sequence[bytes]:
+        """Past a namespace's end, the next one's name is unknown: a range to the end of the prefix
+        would have etcd count every endpoint left. The ranges end instead where the namespace's
+        name (or the one `start` is in, from its end on) goes up by one, its last character first:
+        empty ones cost etcd nothing, and the first that holds keys holds only names near it."""
+        name, slash, _ = start[len(self._prefix) :].partition(b"/")
+        base = name + b"0" if slash else name
+        ends = [self._prefix.encode() + base] if slash else []
+        for at in reversed(range(len(base))):
+            if base[at] < 0xFF:
+                ends.append(self._prefix.encode() + base[:at] + bytes([base[at] + 1]) + base[at + 1 :])
+        return ends
 
 
 def _spaced(ordered: Sequence[AnyStr], count: int) -> Sequence[AnyStr]:
@@ -885,7 +927,8 @@ class EtcdV3Datastore:
         work). Each page after the first therefore asks for a Window that should hold about
         WINDOW_PAGES pages, not for the rest of the prefix. A window that holds fewer keys ends
         the page early and the next one is wider; after an empty one (a gap in the keys) the
-        next page asks for the rest again. Windows meet end to end: every key is read once.
+        next page asks for the rest again, or first for the gap's ends that `bounds` gives
+        (KnownKeys.gap_ends). Windows meet end to end: every key is read once.
 
         `bounds` (sorted keys) are where the keys' density may change: a window never crosses
         the bound the pages read up to, and a range from a bound ends at a later one, so its count
@@ -899,13 +942,19 @@ class EtcdV3Datastore:
         window: Window | None = None  # where the next page's range ends (None: the prefix's end)
         cap: bytes | None = None  # the bound the pages read up to, `span` bounds past where they began
         span, spanned = 1, 0  # spanned: the keys read since they began
+        known = bounds if isinstance(bounds, KnownKeys) else None
+        gap: list[bytes] | None = None  # the ends still to try from where a range found no keys
         while True:
             bound = None if window is None or end is None else window.end(end)
             if cap is None or cap <= start:
                 cap = _bound_after(bounds() if callable(bounds) else bounds, start, end, span)
             capped = cap is not None and (bound is None or cap < bound)
             if capped:
-                bound = cap
+                bound, gap = cap, None
+            elif bound is None and end is not None and known is not None:
+                if gap is None:
+                    gap = [e for e in known.gap_ends(start) if start < e < end]
+                bound = gap.pop(0) if gap else None
             response, size = self.range(start, bound or end, revision, limit, keys_only)
             if revision is None:  # the header says the store's current revision, not the one asked for
                 revision = response.header.revision
@@ -917,6 +966,9 @@ class EtcdV3Datastore:
                 return
             if kvs:  # the next page is sized by this one's bytes per key
                 limit = max(1, min(self._page_size, PAGE_BYTES * len(kvs) // size)) if size else self._page_size
+                gap = None
+                if known is not None:
+                    known.seen(kvs)
             if response.more and kvs:
                 last = kvs[-1].key
                 start = last + b"\0"
@@ -926,11 +978,11 @@ class EtcdV3Datastore:
             elif capped:  # the keys up to a bound are read: from it, a range to the next bounds
                 start, window = bound, None
                 span, spanned = _next_span(span, spanned, limit), 0
-            else:  # the window held less than a page: the next one starts where it ended
-                assert window is not None
+            else:  # a window or a gap's range held less than a page: the next one starts where it ended
                 start = bound
-                # Wider by what it missed; after an empty one (a gap in the keys) the rest of the prefix.
-                window = window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs else None
+                # A window wider by what it missed; after an empty one (a gap in the keys) the gap's
+                # next end (KnownKeys.gap_ends), else the rest of the prefix.
+                window = window.wider(max(2, min(16, WINDOW_PAGES * limit // len(kvs)))) if kvs and window else None
 
     @contextlib.contextmanager
     def _items(
