@@ -63,6 +63,14 @@ class BlockScan:
     # Whether a node is live (a host calico-gc keeps), when the read plans on arrival: `add` then
     # collects in `wanted` the handles of allocations no live host owns (a plan may write those).
     owner_live: Callable[[str], bool] | None = None
+    # An allocation that names no node (no `secondary.node`, no tunnel handle) in a block no gone
+    # host is affine to is written only by the plan of a gone host whose known IP it is
+    # (ipam._host_ordinals). With `defer_unowned` it marks neither the block nor its handle, and
+    # its ordinal waits in `unowned` (cidr -> bits) for the read to ask, once it has the gone
+    # hosts' IPs, which of them a plan may free (unowned_at): a keyspace whose allocations carry no
+    # attributes kept every block whole and every handle.
+    defer_unowned: bool = False
+    unowned: dict[str, int] = field(default_factory=dict)
     # An IP as (version, number); an adapter may give a faster one than the pure core has.
     parse_ip: Callable[[str], tuple[int, int] | None] = address_number
     wanted: set[str] = field(default_factory=set)
@@ -95,7 +103,8 @@ class BlockScan:
         if host:
             self.node_blocks[host] += 1
         attributes = data.get("attributes") or []
-        count = bits = mine = hosts = 0
+        count = bits = mine = hosts = unowned = 0
+        defer = self.defer_unowned and not host_gone
         others: dict[int, str | None] | None = None
         per_node, namespaces = self.node_allocated, self.namespaces
         for ordinal, index in enumerate(data["allocations"]):
@@ -130,7 +139,9 @@ class BlockScan:
             else:
                 others = others or {}
                 others[ordinal] = sys.intern(owner) if owner else None
-                if live is not None and (not owner or not live(owner)):
+                if live is not None and not owner and defer:
+                    unowned |= 1 << ordinal
+                elif live is not None and (not owner or not live(owner)):
                     touched = True
                     if handle:
                         wanted.add(handle)
@@ -158,6 +169,8 @@ class BlockScan:
         self.allocated[cidr] = count
         if bits:
             self.unheld[cidr] = bits
+        if unowned:
+            self.unowned[cidr] = unowned
         return BlockSummary(host, Owners(sys.intern(host) if host else None, mine, others), touched)
 
     def blocks_read(self) -> None:
@@ -182,6 +195,19 @@ class BlockScan:
             if located is not None:
                 cidr, ordinal = located
                 self.unheld[cidr] &= ~(1 << ordinal)
+
+    def unowned_at(self, ips: Iterable[str]) -> dict[str, set[int]]:
+        """Of the allocations `add` deferred (`unowned`), those at these IPs, by block."""
+        networks = Networks()
+        for cidr in self.unowned:
+            networks.add(cidr)
+        found: dict[str, set[int]] = {}
+        for ip in ips:
+            parsed = self.parse_ip(ip)
+            located = None if parsed is None else networks.at(*parsed)
+            if located is not None and self.unowned[located[0]] >> located[1] & 1:
+                found.setdefault(located[0], set()).add(located[1])
+        return found
 
     def attribute(self, blocks: Iterable[IpamBlock]) -> None:
         """`pod_ips` from the ordinals no endpoint holds, in these blocks (those `unheld` names)."""

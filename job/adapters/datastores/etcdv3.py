@@ -28,6 +28,7 @@ from job.core.inventory import Inventory
 from job.core.ipam import (
     TUNNEL_HANDLE_PREFIXES,
     Held,
+    block_data,
     block_shape_problem,
     normal_cidr,
     parse_cidr,
@@ -708,10 +709,27 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
     collected.blocks.append(IpamBlock(kept, cidr, affine_host, owners))
 
 
+def _endpoint_ips(host: CalicoHost) -> Iterator[str]:
+    return (ip for endpoint in host.workload_endpoints for ip in endpoint.ips)
+
+
+def _handles_at(block: IpamBlock, ordinals: Iterable[int]) -> Iterator[str]:
+    """The handle ids of a block's allocations at `ordinals` (its value, read again)."""
+    data = block_data(block)
+    allocations, attributes = data["allocations"], data.get("attributes") or []
+    for ordinal in ordinals:
+        index = allocations[ordinal]
+        handle = attributes[index].get("handle_id") if isinstance(index, int) else None
+        if isinstance(handle, str):
+            yield handle
+
+
 def scanning(collected: Collected) -> BlockScan:
     """The block scan of a read that knows which hosts are live (IPAM_GROUPS)."""
     if collected.scan is None:
-        collected.scan = BlockScan(collected.k8s_names, owner_live=collected.live, parse_ip=ip_number)
+        collected.scan = BlockScan(
+            collected.k8s_names, owner_live=collected.live, parse_ip=ip_number, defer_unowned=True
+        )
     return collected.scan
 
 
@@ -1132,9 +1150,14 @@ class EtcdV3Datastore:
         a plan may edit or count in."""
         assert collected.live is not None
         live, scan, revision = collected.live, scanning(collected), inventory.revision
-        blocks = self._with_values(inventory.blocks, set(c for c, bits in scan.unheld.items() if bits), revision)
+        # Allocations that name no node, at a gone host's known IPs: a plan may free them (BlockScan.unowned).
+        gone = [host for host in inventory.hosts if not live(host.name)]
+        unowned = scan.unowned_at(ip for host in gone for ip in (*_endpoint_ips(host), *host.tunnel_ips))
+        leaky = {c for c, bits in scan.unheld.items() if bits}
+        blocks = self._with_values(inventory.blocks, leaky | set(unowned), revision)
         scan.attribute(blocks)
         leaked = {a.handle for found in scan.pod_ips.values() for a in found}
+        leaked |= {h for b in blocks if b.cidr in unowned for h in _handles_at(b, unowned[b.cidr])}
         handles = dict(inventory.handles)
         for item in self._at([HANDLES + h for h in sorted(leaked - set(handles))], revision).values():
             handles[item.key[len(HANDLES) :]] = IpamHandle(item, item.key[len(HANDLES) :])
