@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from job.config import Config
 from job.core.report import MAX_WARNINGS, SCHEMA_PATH, render_text
 from tests.conftest import Harness, down_at_the_first_write, hosts_by_name
 from tests.support import crds, objects
@@ -541,8 +542,6 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(
     whose handle is as Calico writes it (so the lean read drops it and it is read when needed), a
     pod still starting, and the gone node's IPAM."""
     api = group.path
-    from job.adapters.datastores.kdd import KddDatastore
-
     seed_kdd(harness.kubeapi, group)
     block = copy.deepcopy(harness.kubeapi.get(f"{api}/ipamblocks", "100-96-1-0-26"))
     assert block is not None
@@ -579,8 +578,42 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(
     assert sorted(e["pod"] for e in audit["leaked_ips"]["sample"]) == ["default/ghost", "default/lost"]
     assert "k8s-pod-network.empty" in audit["handles_without_allocations"]["sample"]
 
+    lean_handles = _as_the_full_read(harness, config, lean, monkeypatch)
+    assert "k8s-pod-network.ghost" not in lean_handles, "as Calico writes it: not kept"
+
+
+def test_allocations_that_name_no_node_keep_no_handle_in_the_lean_read(
+    harness: Harness, group: Group, monkeypatch: Any
+) -> None:
+    """Blocks whose allocations carry no `secondary` (Calico writes it omitempty): no node owns
+    one, and in this datastore a gone node leaves no known IP (its pods and its Node are gone), so
+    no plan frees one. The lean read keeps none of their handles (it kept every one, as handles
+    that a plan may write), and every decision is the full read's."""
+    api = group.path
+    seed_kdd(harness.kubeapi, group)
+    for cidr in ("100.96.1.0/26", "100.96.2.0/26", "100.96.9.0/26", "100.96.8.0/26"):
+        block = copy.deepcopy(harness.kubeapi.get(f"{api}/ipamblocks", cidr_name(cidr)))
+        assert block is not None
+        for attribute in block["spec"]["attributes"]:
+            attribute.pop("secondary", None)
+        harness.kubeapi.put(f"{api}/ipamblocks", block)
+    config = kdd(harness, max_deletions=50)
+    lean, code = harness.run(config)
+    assert code == 0, lean["errors"]
+    lean_handles = _as_the_full_read(harness, config, lean, monkeypatch)
+    assert "k8s-pod-network.web-a" not in lean_handles and "k8s-pod-network.web-b" not in lean_handles
+
+
+def _as_the_full_read(harness: Harness, config: Config, lean: dict[str, Any], monkeypatch: Any) -> set[str]:
+    """That a run whose read is not told the Node names reports what `lean` (the report of one
+    that was) does, with more handles read: the handles the lean read keeps."""
+    from job.adapters.datastores.kdd import KddDatastore
+    from job.adapters.kube import Kube, api_client
+
     kube_names_given: list[bool] = []
     read = KddDatastore.read
+    store = KddDatastore(Kube(api_client(kdd(harness)), harness.retry))
+    lean_handles = set(read(store, lambda: {LIVE_A, LIVE_B}).handles)
 
     def full_read(self: KddDatastore, kube_names: Any = None) -> Any:
         kube_names_given.append(kube_names is not None)
@@ -588,22 +621,12 @@ def test_the_lean_read_decides_exactly_what_the_full_read_does(
         assert inventory.scan is None and len(inventory.handles) > len(lean_handles)
         return inventory
 
-    lean_handles = _lean_handles(harness, read)
-    assert "k8s-pod-network.ghost" not in lean_handles, "as Calico writes it: not kept"
     monkeypatch.setattr(KddDatastore, "read", full_read)
     full, _ = harness.run(config)
     assert kube_names_given == [True]
     for part in ("summary", "hosts", "conflicts", "errors", "audit"):
         assert lean[part] == full[part], part
-
-
-def _lean_handles(harness: Harness, read: Any) -> set[str]:
-    from job.adapters.datastores.kdd import KddDatastore
-    from job.adapters.kube import Kube, api_client
-
-    config = kdd(harness)
-    store = KddDatastore(Kube(api_client(config), harness.retry))
-    return set(read(store, lambda: {LIVE_A, LIVE_B}).handles)
+    return lean_handles
 
 
 # Answers a proxy might give for what a run reads beside Calico's own lists, and what each leaves.

@@ -428,8 +428,10 @@ class KddDatastore:
     @staticmethod
     def _scan(blocks: Iterable[IpamBlock], names: Set[str]) -> BlockScan:
         """The IPAM check's pass over every block; its `wanted` are the handles of allocations no
-        live node owns (a plan may write those)."""
-        scan = BlockScan(names, owner_live=names.__contains__, parse_ip=ip_number)
+        live node owns (a plan may write those). An allocation that names no node is freed only at
+        a gone host's known IP, and a gone node leaves none here (its pods and its Node are the
+        endpoints and the Calico Node): such allocations' handles are not wanted (defer_unowned)."""
+        scan = BlockScan(names, owner_live=names.__contains__, parse_ip=ip_number, defer_unowned=True)
         for block in blocks:
             scan.add(block.cidr, json.loads(block.item.value or ""))
         scan.blocks_read()
