@@ -27,25 +27,36 @@ def bench(module: str, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("group", ["v1", "v3"])
-def test_bench_kdd_runs_and_its_apply_leaves_the_live_ipam_as_it_was(group: str) -> None:
+@pytest.mark.parametrize(("group", "attributes"), [("v1", True), ("v3", True), ("v1", False)])
+def test_bench_kdd_runs_and_its_apply_leaves_the_live_ipam_as_it_was(group: str, attributes: bool) -> None:
     if group == "v3" and not crds.available():
         pytest.skip("Calico's v3 CRDs are not beside the checkout (../shared)")
     out = bench(
         "kdd",
         *("--group", group, "--nodes", "20", "--pods-per-node", "2", "--orphans", "2"),
         *("--repeat", "1", "--extra-pods", "10"),
+        *(() if attributes else ("--no-pod-attributes",)),
     )
     assert "kubectl get --raw of the same lists, paged: median" in out
     assert out.count("job dry run, all 2 orphans planned") == 3  # Table, no Tables, JSON only
-    assert "afterwards no block, affinity or handle names a deleted node" in out
+    # Without attributes the gone nodes' pods' allocations (2 each) and their handles stay.
+    left = "no block, affinity or handle names a deleted node" if attributes else "8 keys name a deleted node"
+    assert f"afterwards {left}" in out and "live handles are unchanged" in out
 
 
-def test_bench_dry_run_runs_on_the_layout_of_many_namespaces() -> None:
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("--container-ids", "hashed", "--host-names", "gke", "--ip-families", "dual"),
+        ("--no-profiles", "--no-pod-attributes"),
+    ],
+    ids=["hashed-gke-dual", "nothing-names-the-namespaces"],
+)
+def test_bench_dry_run_runs_on_the_layout_of_many_namespaces(layout: tuple[str, ...]) -> None:
     out = bench(
         "dry_run",
         *("--hosts", "200", "--orphans", "25", "--shape", "namespaces", "--repeat", "1", "--extra-endpoints", "10"),
-        *("--container-ids", "hashed", "--host-names", "gke", "--ip-families", "dual"),
+        *layout,
     )
     assert "etcdctl get --prefix of the same prefixes: median" in out
     assert "job dry run, default flags (--max-deletions 20): median" in out
