@@ -9,6 +9,7 @@ import random
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -184,7 +185,9 @@ def test_endpoints_found_bounds_and_gap_ranges_still_read_every_key(
 def test_past_a_namespaces_end_the_ranges_end_where_its_name_goes_up_by_one() -> None:
     """From a namespace's end, or from within it: each end past the last, the first at its end."""
     prefix = WORKLOAD_ENDPOINTS.encode()
-    starts = NamespaceStarts()
+    starts = NamespaceStarts(["team-1"])
+    assert not starts.gap_ends(prefix + b"team-1/ip--10--7-k8s-app")  # every namespace is named
+    starts.seen([SimpleNamespace(key=prefix + b"kube-system/ip--10--7-k8s-app")])  # one that nothing named
     assert starts.gap_ends(prefix + b"team-1/ip--10--7-k8s-app") == [
         prefix + end
         for end in (b"team-10", b"team-11", b"team-20", b"team.10", b"tean-10", b"tebm-10", b"tfam-10", b"ueam-10")
@@ -195,7 +198,7 @@ def test_past_a_namespaces_end_the_ranges_end_where_its_name_goes_up_by_one() ->
         prefix + b"kube-systfm0",
     ]
     assert starts.gap_ends(prefix + b"a\xff") == [prefix + b"b\xff"]
-    assert starts.gap_ends(prefix) == []
+    assert not starts.gap_ends(prefix)
 
 
 def test_namespace_bounds_spare_etcd_the_count_across_namespaces(etcd: EtcdServer) -> None:

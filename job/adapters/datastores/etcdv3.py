@@ -358,7 +358,11 @@ class NamespaceStarts(KnownKeys):
         """Past a namespace's end, the next one's name is unknown: a range to the end of the prefix
         would have etcd count every endpoint left. The ranges end instead where the namespace's
         name (or the one `start` is in, from its end on) goes up by one, its last character first:
-        empty ones cost etcd nothing, and the first that holds keys holds only names near it."""
+        empty ones cost etcd nothing, and the first that holds keys holds only names near it.
+        Only where the pages found a namespace nothing named: elsewhere the rest is short, and the
+        ends cost the read a dozen empty ranges after the last namespace."""
+        if self._reading is None:
+            return ()
         name, slash, _ = start[len(self._prefix) :].partition(b"/")
         base = name + b"0" if slash else name
         ends = [self._prefix.encode() + base] if slash else []
