@@ -358,7 +358,7 @@ def datastore(
 
 
 def unattributed(keys: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
-    """The keys with no allocation's `secondary` attributes (omitempty since Calico 3.32): blocks
+    """The keys with no allocation's `secondary` attributes (as where an allocation has none): blocks
     that name no pod's namespace, node or name, as a generator that writes only handles may."""
     for key, value in keys:
         if key.startswith("/calico/ipam/v2/assignment/"):

@@ -268,7 +268,7 @@ def ipam_objects(index: int, pods: int) -> Iterator[tuple[str, dict[str, Any]]]:
         secondary = {"namespace": obj["metadata"]["namespace"], "node": node, "pod": obj["metadata"]["name"]}
         attributes.append({"handle_id": pod_handle(index, pod), "secondary": secondary})
         allocations[pod + 2] = len(attributes) - 1
-    if not ATTRIBUTED:  # --no-pod-attributes: Calico writes `secondary` omitempty
+    if not ATTRIBUTED:  # --no-pod-attributes: the IPAMBlock type writes `secondary` omitempty
         attributes = [{"handle_id": attribute["handle_id"]} for attribute in attributes]
     name = cidr.replace(".", "-").replace("/", "-")
     yield (

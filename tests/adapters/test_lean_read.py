@@ -143,7 +143,7 @@ def test_the_lean_read_of_an_entangled_fleet_reads_again_every_block_a_plan_edit
 
 
 def test_allocations_that_name_no_node_are_read_again_only_where_a_gone_host_holds_their_ip(harness: Harness) -> None:
-    """Allocations without `secondary` (Calico writes it omitempty): no node owns one, so a plan
+    """Allocations without `secondary` (absent, or etcd's `null`): no node owns one, so a plan
     frees it only at a gone host's known IP (here a gone host's pods borrowed IPs from live nodes'
     blocks). The lean read keeps neither their blocks nor their handles as it files them, and
     reads again, at its revision, the blocks where a gone host's IP is one of them and those
