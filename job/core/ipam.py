@@ -174,7 +174,8 @@ def tunnel_handle_node(handle_id: str | None) -> str | None:
     return None
 
 
-def _attribute(block: Mapping[str, object], ordinal: int) -> Mapping[str, object]:
+def attribute_at(block: Mapping[str, object], ordinal: int) -> Mapping[str, object]:
+    """The attributes of the allocation at `ordinal` ({} where it is free)."""
     index = block["allocations"][ordinal]  # type: ignore[index]
     return block["attributes"][index] if index is not None else {}  # type: ignore[index]
 
@@ -188,14 +189,14 @@ def _owner_node(attribute: Mapping[str, object]) -> str | None:
 def holds_only_cooling(block: Mapping[str, object]) -> bool:
     """Every allocation left is an address in IP cooldown (none is anyone's)."""
     allocations: list[int | None] = block["allocations"]  # type: ignore[assignment]
-    return all(index is None or is_cooling(_attribute(block, ordinal)) for ordinal, index in enumerate(allocations))
+    return all(index is None or is_cooling(attribute_at(block, ordinal)) for ordinal, index in enumerate(allocations))
 
 
 def is_empty(block: Mapping[str, object]) -> bool:
     """No allocations left, ignoring Windows-reserved ones (as Calico counts it)."""
     allocations: list[int | None] = block["allocations"]  # type: ignore[assignment]
     for ordinal, index in enumerate(allocations):
-        if index is not None and _attribute(block, ordinal).get("handle_id") != WINDOWS_RESERVED_HANDLE:
+        if index is not None and attribute_at(block, ordinal).get("handle_id") != WINDOWS_RESERVED_HANDLE:
             return False
     return True
 
@@ -601,8 +602,7 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> tuple[dict[str, set[in
     other node: it may have been handed to a live pod since.
     """
     targets = index.owned_by(host.name)
-    known_ips = [ip for endpoint in host.workload_endpoints for ip in endpoint.ips]
-    for ip in (*known_ips, *host.tunnel_ips):
+    for ip in host.known_ips:
         located = index.locate(ip)
         if located is None:
             continue
@@ -615,7 +615,7 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> tuple[dict[str, set[in
         for cidr, ordinals in targets.items():
             data = block_data(index.blocks[cidr])
             for ordinal in sorted(ordinals):
-                why = index.keep.reason(_attribute(data, ordinal))
+                why = index.keep.reason(attribute_at(data, ordinal))
                 if why is not None:
                     ordinals.discard(ordinal)
                     kept.append((address_in(cidr)(ordinal), why))
@@ -710,11 +710,8 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
     same end state again. The host's tunnel handles (named after it) are repaired too: a
     crash of an earlier version may have freed their IPs and left the count.
     """
-    known_ips = [ip for endpoint in host.workload_endpoints for ip in endpoint.ips]
     affinities = {affinity.cidr: affinity for affinity in host.affinities}
-    if any(index.in_malformed_block(ip) for ip in (*known_ips, *host.tunnel_ips)) or (
-        index.malformed_affinity(affinities)
-    ):
+    if any(index.in_malformed_block(ip) for ip in host.known_ips) or (index.malformed_affinity(affinities)):
         return IpamRelease(problem="an IPAM block of this host could not be parsed")
     targets, kept = _host_ordinals(host, index)
     edits: dict[str, _BlockEdit] = {}

@@ -182,6 +182,12 @@ class CalicoHost:
     # Node: what a hand-run clean-up that deleted only the Node leaves. Its name is its link.
     registered: bool = True
 
+    @property
+    def known_ips(self) -> tuple[str, ...]:
+        """Its workload endpoints' IPs, then its tunnel addresses: where a plan may free an
+        allocation that names no other node (ipam._host_ordinals)."""
+        return (*(ip for endpoint in self.workload_endpoints for ip in endpoint.ips), *self.tunnel_ips)
+
 
 @dataclass(frozen=True, slots=True)
 class DataProblem:

@@ -28,6 +28,7 @@ from job.core.inventory import Inventory
 from job.core.ipam import (
     TUNNEL_HANDLE_PREFIXES,
     Held,
+    attribute_at,
     block_data,
     block_shape_problem,
     normal_cidr,
@@ -276,7 +277,7 @@ class KnownKeys:
             new = {name for name in names if _usable(name)} - self._names
             if new or remake:
                 self._names |= new
-                self._keys = tuple(sorted(set(self._bounds())))
+                self._keys = tuple(sorted(self._bounds()))
 
     def _bounds(self) -> list[bytes]:
         """The keys the names known so far give."""
@@ -713,17 +714,11 @@ def _collect_block(collected: Collected, item: StoredItem) -> None:
     collected.blocks.append(IpamBlock(kept, cidr, affine_host, owners))
 
 
-def _endpoint_ips(host: CalicoHost) -> Iterator[str]:
-    return (ip for endpoint in host.workload_endpoints for ip in endpoint.ips)
-
-
 def _handles_at(block: IpamBlock, ordinals: Iterable[int]) -> Iterator[str]:
     """The handle ids of a block's allocations at `ordinals` (its value, read again)."""
     data = block_data(block)
-    allocations, attributes = data["allocations"], data.get("attributes") or []
     for ordinal in ordinals:
-        index = allocations[ordinal]
-        handle = attributes[index].get("handle_id") if isinstance(index, int) else None
+        handle = attribute_at(data, ordinal).get("handle_id")
         if isinstance(handle, str):
             yield handle
 
@@ -1155,8 +1150,7 @@ class EtcdV3Datastore:
         assert collected.live is not None
         live, scan, revision = collected.live, scanning(collected), inventory.revision
         # Allocations that name no node, at a gone host's known IPs: a plan may free them (BlockScan.unowned).
-        gone = [host for host in inventory.hosts if not live(host.name)]
-        unowned = scan.unowned_at(ip for host in gone for ip in (*_endpoint_ips(host), *host.tunnel_ips))
+        unowned = scan.unowned_at(ip for host in inventory.hosts if not live(host.name) for ip in host.known_ips)
         leaky = {c for c, bits in scan.unheld.items() if bits}
         blocks = self._with_values(inventory.blocks, leaky | set(unowned), revision)
         scan.attribute(blocks)
