@@ -67,6 +67,11 @@ def registry_for(report: dict[str, Any], duration_s: float, succeeded: bool, gra
         ("calico_gc_ipam_only_hosts", "ipam_only_hosts", "Names with IPAM or other data but no Calico Node or Node"),
         ("calico_gc_ipam_stale_handles", "stale_handles", "IPAM handles counting more IPs than their blocks hold"),
         ("calico_gc_ipam_dangling_allocations", "dangling_allocations", "IPAM allocations whose handle is missing"),
+        (
+            "calico_gc_ipam_unattributed_allocations",
+            "unattributed_allocations",
+            "IPAM allocations naming no node in gone hosts' blocks (they stay)",
+        ),
         ("calico_gc_ipam_leaked_ips", "leaked_ips", "Pod IPs allocated on live nodes to pods that do not exist"),
     ):
         count = (audit.get(key) or {}).get("count")

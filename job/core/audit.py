@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from job.core.inventory import Inventory
-from job.core.ipam import StaleHandle, address_in
+from job.core.ipam import StaleHandle, address_in, address_number, attribute_at, block_data
 from job.core.kept import ALTERNATE, ALTERNATE_GONE, Keep, owner, vm_of
 from job.core.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
 from job.core.model import Cooldown, HandleRepair
@@ -51,10 +51,11 @@ def ipam_audit(
     leak_plan: LeakPlan | None = None,
     keep: Keep | None = None,
     cooldown: Cooldown | None = None,
+    orphans: Set[str] = frozenset(),
 ) -> dict[str, Any]:
     """`scan`: the pass over every block; `repairs`: what this run plans for each stale handle;
     `leaked`: pod IPs no pod holds (None: pods not listed), and `leak_plan` what this run does
-    about them."""
+    about them; `orphans`: the hosts the plan takes for gone."""
     actions = {repair.handle_id: repair.action for repair in repairs}
     held, allocated, dangling = scan.held, scan.allocated, scan.dangling
     empty = [h for h in inventory.handles if h not in held]  # Calico deletes a handle once it holds none
@@ -97,11 +98,36 @@ def ipam_audit(
         "stale_handles": {**_found(stale_found, key=lambda s: s["handle"]), "repaired": 0},
         "handles_without_allocations": _found(empty),
         "dangling_allocations": _found(dangling, key=lambda d: d["ip"]),
+        "unattributed_allocations": _found(_unattributed(inventory, scan, orphans), key=lambda u: u["ip"]),
         "leaked_ips": _leaks(leaked, leak_plan),
         "vm_addresses": _owned_specially(scan, keep or Keep(live_nodes)),
         "cooling": _cooling(scan, cooldown),
         "next_step": NEXT_STEP,
     }
+
+
+def _unattributed(inventory: Inventory, scan: BlockScan, orphans: Set[str]) -> list[dict[str, Any]]:
+    """Allocations in a gone host's own blocks that name no node (no `secondary.node`, no tunnel
+    handle), that no endpoint holds (`scan.unclaimed`) and that are none of the host's known IPs:
+    they stay when the host goes, its block with them (without its affinity). The affinity is
+    no proof of whose they are, since a live node's pod may hold an address borrowed from the
+    block; Calico's own IPAM garbage collection files such an allocation under no node and never
+    frees it (docs/calico-data.md)."""
+    blocks = {b.cidr: b for b in inventory.blocks if scan.unclaimed.get(b.cidr) and b.affine_host in orphans}
+    known = {
+        host.name: {address_number(ip) for ip in host.known_ips} for host in inventory.hosts if host.name in orphans
+    }
+    found = []
+    for cidr, block in blocks.items():
+        host, bits = block.affine_host, scan.unclaimed[cidr]
+        data, at = block_data(block), address_in(cidr)  # a gone host's block: read with its value
+        for ordinal in (o for o in range(bits.bit_length()) if bits >> o & 1):
+            ip, handle = at(ordinal), attribute_at(data, ordinal).get("handle_id")
+            if address_number(ip) not in known.get(host or "", ()):
+                found.append(
+                    {"ip": ip, "block": cidr, "host": host, "handle": handle if isinstance(handle, str) else None}
+                )
+    return found
 
 
 def _cooling(scan: BlockScan, cooldown: Cooldown | None) -> dict[str, Any]:

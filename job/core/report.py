@@ -277,11 +277,13 @@ def ipam_line(audit: dict[str, Any]) -> str:
         detail = f" ({', '.join(f'{a} {n}' for a, n in sorted(actions.items()))})" if actions else ""
         return f"{'not checked' if entry['count'] is None else entry['count']}{detail}"
 
+    unattributed = (audit.get("unattributed_allocations") or {}).get("count")  # none in an earlier version's
     return (
         f"ipam: {audit['blocks']} blocks, {audit['allocated']} IPs allocated; {pools}; "
         f"IPAM-only hosts {audit['ipam_only_hosts']['count']}; stale handles {found(audit['stale_handles'])}; "
         f"allocations without a handle {audit['dangling_allocations']['count']}; "
         f"leaked pod IPs {found(audit['leaked_ips'])}"
+        + (f"; allocations naming no node that stay in gone hosts' blocks {unattributed}" if unattributed else "")
     )
 
 

@@ -71,6 +71,10 @@ class BlockScan:
     # attributes kept every block whole and every handle.
     defer_unowned: bool = False
     unowned: dict[str, int] = field(default_factory=dict)
+    # Of a block whose affine host is not live, the allocations that name no node (Calico 2.x:
+    # nor a pod), as bits per cidr; an endpoint holding one clears its bit. What is left stays
+    # when the host goes (the audit's unattributed_allocations): nothing says whose they are.
+    unclaimed: dict[str, int] = field(default_factory=dict)
     # An IP as (version, number); an adapter may give a faster one than the pure core has.
     parse_ip: Callable[[str], tuple[int, int] | None] = address_number
     wanted: set[str] = field(default_factory=set)
@@ -100,10 +104,12 @@ class BlockScan:
         host = affinity_host(data)
         live, live_nodes, calico2, held, wanted = self.owner_live, self.live_nodes, self.calico2, self.held, self.wanted
         touched = host_gone = host is not None and live is not None and not live(host)
+        # A read that files no host as gone (a full read) tells by the Kubernetes names alone.
+        unclaimed = host is not None and (host_gone if live is not None else host not in live_nodes)
         if host:
             self.node_blocks[host] += 1
         attributes = data.get("attributes") or []
-        count = bits = mine = hosts = unowned = 0
+        count = bits = mine = hosts = unowned = ownerless = 0
         defer = self.defer_unowned and not host_gone
         others: dict[int, str | None] | None = None
         per_node, namespaces = self.node_allocated, self.namespaces
@@ -139,6 +145,8 @@ class BlockScan:
             else:
                 others = others or {}
                 others[ordinal] = sys.intern(owner) if owner else None
+                if not owner and unclaimed and not (calico2 and handle and "." in handle):
+                    ownerless |= 1 << ordinal  # on Calico 2.x a handle naming a pod is the leak check's
                 if live is not None and not owner and defer:
                     unowned |= 1 << ordinal
                 elif live is not None and (not owner or not live(owner)):
@@ -171,12 +179,14 @@ class BlockScan:
             self.unheld[cidr] = bits
         if unowned:
             self.unowned[cidr] = unowned
+        if ownerless:
+            self.unclaimed[cidr] = ownerless
         return BlockSummary(host, Owners(sys.intern(host) if host else None, mine, others), touched)
 
     def blocks_read(self) -> None:
         """Every block is added: the endpoint IPs given so far are looked up, later ones at once."""
         self._networks = Networks()
-        for cidr in self.unheld:
+        for cidr in (*self.unheld, *self.unclaimed):
             self._networks.add(cidr)
         pending, self._pending = self._pending, []
         self.held_by_endpoints(pending)
@@ -188,13 +198,16 @@ class BlockScan:
         if networks is None:
             self._pending.extend(ips)
             return
-        parse, at = self.parse_ip, networks.at
+        parse, at, unheld, unclaimed = self.parse_ip, networks.at, self.unheld, self.unclaimed
         for ip in ips:
             parsed = parse(ip)
             located = None if parsed is None else at(*parsed)
             if located is not None:
                 cidr, ordinal = located
-                self.unheld[cidr] &= ~(1 << ordinal)
+                if cidr in unheld:
+                    unheld[cidr] &= ~(1 << ordinal)
+                if cidr in unclaimed:
+                    unclaimed[cidr] &= ~(1 << ordinal)
 
     def unowned_at(self, ips: Iterable[str]) -> dict[str, set[int]]:
         """Of the allocations `add` deferred (`unowned`), those at these IPs, by block."""

@@ -571,7 +571,9 @@ def _decide(
         blocks = {block.cidr: block for block in inventory.blocks}
         leak_plan = plan_leaks(leaked, blocks, handles, grace_state, now, config, busy, plan.cooldown)
     sightings = {**plan.next_grace_state, **(leak_plan.sightings if leak_plan else {})}
-    record.audit = ipam_audit(inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan, keep, plan.cooldown)
+    record.audit = ipam_audit(
+        inventory, live_names, scan, stale, plan.repairs, leaked, leak_plan, keep, plan.cooldown, plan.orphans
+    )
     record.health = diagnose(
         kube.health,
         kube.nodes,

@@ -588,7 +588,8 @@ def test_allocations_that_name_no_node_keep_no_handle_in_the_lean_read(
     """Blocks whose allocations carry no `secondary` (Calico writes it omitempty): no node owns
     one, and in this datastore a gone node leaves no known IP (its pods and its Node are gone), so
     no plan frees one. The lean read keeps none of their handles (it kept every one, as handles
-    that a plan may write), and every decision is the full read's."""
+    that a plan may write), and every decision is the full read's. The audit lists those in the
+    gone node's blocks that no pod holds: they stay."""
     api = group.path
     seed_kdd(harness.kubeapi, group)
     for cidr in ("100.96.1.0/26", "100.96.2.0/26", "100.96.9.0/26", "100.96.8.0/26"):
@@ -600,6 +601,12 @@ def test_allocations_that_name_no_node_keep_no_handle_in_the_lean_read(
     config = kdd(harness, max_deletions=50)
     lean, code = harness.run(config)
     assert code == 0, lean["errors"]
+    # The gone node's pods' allocations stay, and say so; api-1's, a live pod's, is in use.
+    unattributed = lean["audit"]["unattributed_allocations"]["sample"]
+    assert [(u["ip"], u["host"], u["handle"]) for u in unattributed] == [
+        ("100.96.8.5", "worker-gone", "k8s-pod-network.cart-3"),
+        ("100.96.9.5", "worker-gone", "k8s-pod-network.cart-1"),
+    ]
     lean_handles = _as_the_full_read(harness, config, lean, monkeypatch)
     assert "k8s-pod-network.web-a" not in lean_handles and "k8s-pod-network.web-b" not in lean_handles
 

@@ -68,6 +68,26 @@ def test_etcd_v2_pools_and_blocks_are_checked(harness: Harness) -> None:
     assert audit["stale_handles"]["count"] == 0 and audit["dangling_allocations"]["count"] == 0
 
 
+def test_on_calico_2_an_allocation_whose_handle_names_a_pod_is_the_leak_checks_not_unattributed(
+    harness: Harness,
+) -> None:
+    """Calico 2.x records no node on any allocation: in a gone host's block, one whose handle
+    names a pod (`<namespace>.<pod>`) is judged by that pod (the leak check); only one whose
+    handle names none, and that no endpoint holds, is listed as staying."""
+    from tests.support.calico2 import ORPHAN, kops_18_cluster
+
+    seed, k8s = kops_18_cluster()
+    seed.allocate("100.96.20.7", "shop.gone-pod")
+    seed.allocate("100.96.20.8", "by-hand")
+    seed.load(harness.etcd.url)
+    for name, ip in k8s:
+        harness.kubeapi.add_node(name, ip)
+    report, code = harness.run(harness.config(datastore_type="etcdv2"))
+    assert code == 0
+    unattributed = report["audit"]["unattributed_allocations"]["sample"]
+    assert [(u["ip"], u["host"], u["handle"]) for u in unattributed] == [("100.96.20.8", ORPHAN, "by-hand")]
+
+
 def test_the_ipam_check_is_pushed_as_metrics(
     harness: Harness,
     tmp_path: Path,
@@ -86,6 +106,7 @@ def test_the_ipam_check_is_pushed_as_metrics(
     assert metric("calico_gc_ipam_pool_utilisation")[(("pool", "100.96.0.0/16"),)] == 0.0002
     assert metric("calico_gc_ipam_stale_handles")[()] == 1
     assert metric("calico_gc_ipam_dangling_allocations")[()] == 1
+    assert metric("calico_gc_ipam_unattributed_allocations")[()] == 0
     assert metric("calico_gc_ipam_only_hosts")[()] == 0
     assert metric("calico_gc_ipam_leaked_ips")[()] == 0
 
@@ -279,3 +300,35 @@ def test_the_shipped_alert_rules_use_only_metrics_a_run_pushes(harness: Harness)
         )
         used = set(re.findall(r"\b(?:calico_gc[_:][a-z_]+|push_time_seconds)\b", expr))
         assert used and used <= pushed, (rule.get("alert") or rule["record"], used - pushed)
+
+
+def test_an_allocation_naming_no_node_in_a_gone_hosts_block_stays_with_it_and_is_reported(harness: Harness) -> None:
+    """The block's affinity is no proof of whose an allocation without `secondary.node` is (a
+    live node's pod may hold an address borrowed from the block), and Calico's own IPAM garbage
+    collection files such an allocation under no node and never frees it. So one in a gone
+    host's own block stays when the host goes, the block with it (without its affinity), and the
+    audit says so, unless an endpoint holds it (a live pod's: in use); one at the host's known IP
+    (its endpoint's) goes with the host."""
+    scenario = s.kops_cluster()
+    seed = scenario.seed
+    seed.pod(s.POD_ORPHAN, "shop", "cart-4", "100.96.20.7")
+    seed.allocate("100.96.20.8", "k8s-pod-network.unknown", s.POD_ORPHAN)
+    harness.seed(scenario)
+    key = "/calico/ipam/v2/assignment/ipv4/block/100.96.20.0-26"
+    block = json.loads(harness.dump()[key][0])
+    for ordinal in (7, 8, 9):  # 9: api-1's, a live node's pod borrowing from the block
+        del block["attributes"][block["allocations"][ordinal]]["secondary"]
+    calico.load(harness.etcd.url, {key: json.dumps(block)})
+    dry, code = harness.run()
+    assert code == 0
+    report, code = harness.run(harness.config(apply=True))
+    assert code == 0 and s.POD_ORPHAN in [h["name"] for h in report["hosts"] if h["action"] == "deleted"]
+    left = {"ip": "100.96.20.8", "block": "100.96.20.0/26", "host": s.POD_ORPHAN, "handle": "k8s-pod-network.unknown"}
+    assert dry["audit"]["unattributed_allocations"] == report["audit"]["unattributed_allocations"]
+    assert report["audit"]["unattributed_allocations"] == {"count": 1, "sample": [left]}
+    after = {k: v for k, (v, _) in harness.dump().items()}
+    kept = json.loads(after[key])
+    assert kept["affinity"] is None and kept["allocations"][7] is None and kept["allocations"][9] is not None
+    assert kept["attributes"][kept["allocations"][8]]["handle_id"] == "k8s-pod-network.unknown"
+    assert "/calico/ipam/v2/handle/k8s-pod-network.unknown" in after
+    assert calico.ipam_problems(after) == []
