@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from job.cli import main
+from job.core.report import render_text
 from tests.adapters.test_etcdv2 import seeded
 from tests.adapters.test_health import cli_env
 from tests.conftest import Harness
@@ -326,6 +327,7 @@ def test_an_allocation_naming_no_node_in_a_gone_hosts_block_stays_with_it_and_is
     left = {"ip": "100.96.20.8", "block": "100.96.20.0/26", "host": s.POD_ORPHAN, "handle": "k8s-pod-network.unknown"}
     assert dry["audit"]["unattributed_allocations"] == report["audit"]["unattributed_allocations"]
     assert report["audit"]["unattributed_allocations"] == {"count": 1, "sample": [left]}
+    assert "allocations naming no node that stay in gone hosts' blocks 1" in render_text(report)
     after = {k: v for k, (v, _) in harness.dump().items()}
     kept = json.loads(after[key])
     assert kept["affinity"] is None and kept["allocations"][7] is None and kept["allocations"][9] is not None
