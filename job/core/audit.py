@@ -18,9 +18,8 @@ from job.core.leaks import LEAK_RELEASED, LEAK_REPORTED, Allocation, LeakPlan
 from job.core.model import Cooldown, HandleRepair
 from job.core.plan import HANDLE_REPAIRED
 from job.core.report import timestamp
-from job.core.scan import BlockScan
+from job.core.scan import SAMPLE, BlockScan, address_order
 
-SAMPLE = 20
 NEXT_STEP = (
     "lock the datastore (calicoctl datastore migrate lock), run `calicoctl ipam check -o report.json`, "
     "review it, `calicoctl ipam release --from-report report.json`, then unlock"
@@ -97,7 +96,10 @@ def ipam_audit(
         "ipam_only_hosts": _found(ipam_only),
         "stale_handles": {**_found(stale_found, key=lambda s: s["handle"]), "repaired": 0},
         "handles_without_allocations": _found(empty),
-        "dangling_allocations": _found(dangling, key=lambda d: d["ip"]),
+        "dangling_allocations": {
+            **_found(dangling, key=lambda d: address_order(d["ip"])),
+            "count": len(dangling) if scan.dangling_count is None else scan.dangling_count,
+        },
         "unattributed_allocations": _found(_unattributed(inventory, scan, orphans), key=lambda u: u["ip"]),
         "leaked_ips": _leaks(leaked, leak_plan),
         "vm_addresses": _owned_specially(scan, keep or Keep(live_nodes)),

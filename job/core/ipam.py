@@ -841,12 +841,11 @@ class Held:
     def __len__(self) -> int:
         return len(self._by_hash)
 
-    def cidrs(self, hashes: Iterable[int]) -> set[str]:
-        """The blocks holding allocations of the handles with these hashes."""
-        found: set[str] = set()
+    def in_blocks(self, hashes: Iterable[int]) -> Counter[str]:
+        """How many allocations the handles with these hashes have, block by block."""
+        found: Counter[str] = Counter()
         for key in hashes:
-            counts = self._by_hash.get(key)
-            found.update((counts,) if isinstance(counts, str) else counts or ())
+            found.update(_counts(self._by_hash.get(key)))
         return found
 
     def holds_exactly(self, handle_id: str, counts: Mapping[str, int]) -> bool:

@@ -142,6 +142,28 @@ def test_the_lean_read_of_an_entangled_fleet_reads_again_every_block_a_plan_edit
     assert [d["handle"] for d in lean.scan.dangling] == [lost]  # type: ignore[union-attr]
 
 
+def test_without_handles_only_the_blocks_of_the_audits_sample_are_read_again(harness: Harness) -> None:
+    """A keyspace with no handle keys (a tool that writes only blocks): every allocation names a
+    handle that is not there. The audit says how many (from what the blocks hold for each handle)
+    and lists the first 20 by address, so the lean read reads again only the blocks that hold
+    those, not every block (at 5,000 hosts that doubled the read). Count and sample are the full
+    read's."""
+    scenario = s.cross_borrowing_fleet(6)
+    seed = scenario.seed
+    seed.block("100.64.250.0/26", "live-busy")
+    seed.node("live-busy", ipv4="10.1.0.40", tunnel_ip="100.64.250.1")
+    for number in range(25):
+        seed.pod("live-busy", "default", f"web-{number}", f"100.64.250.{10 + number}")
+    scenario.k8s_nodes.append(("live-busy", "10.1.0.40"))
+    seed.keys = {k: v for k, v in seed.keys.items() if not k.startswith(HANDLES)}
+    full, lean = _read_both(harness, scenario)
+    audit = decisions(full, [KubeNode(name) for name, _ in scenario.k8s_nodes], harness)["audit"]
+    dangling = audit["dangling_allocations"]
+    assert dangling["count"] == sum(sum(entry["block"].values()) for entry in seed.handles.values()) > 20
+    assert len(dangling["sample"]) == 20 and not any(d["ip"].startswith("100.64.250.") for d in dangling["sample"])
+    assert "100.64.250.0/26" in {b.cidr for b in lean.blocks if b.item.value is None}
+
+
 def test_allocations_that_name_no_node_are_read_again_only_where_a_gone_host_holds_their_ip(harness: Harness) -> None:
     """Allocations without `secondary` (absent, or etcd's `null`): no node owns one, so a plan
     frees it only at a gone host's known IP (here a gone host's pods borrowed IPs from live nodes'

@@ -530,7 +530,7 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
     held.add("f", "1000::/122")
     assert held.exact("f", '{"block":{"1000::/122":1,"192.168.0.0/26":1},"deleted":false}')
     assert not held.exact("f", '{"block":{"192.168.0.0/26":1,"1000::/122":1},"deleted":false}')
-    assert "a" in held and "z" not in held and held.cidrs({hash("c")}) == {"10.0.0.0/26", "fd00::/122"}
+    assert "a" in held and "z" not in held and held.in_blocks({hash("c")}) == {"10.0.0.0/26": 1, "fd00::/122": 1}
     # One allocation in each of two blocks is kept as their two cidrs; a second in one of them, or a
     # third block, counts as a dict would.
     assert held.holds_exactly("c", {"10.0.0.0/26": 1, "fd00::/122": 1})
@@ -545,7 +545,7 @@ def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> Non
     assert held.counts("c") == {"10.0.0.0/26": 1, "fd00::/122": 2}
     assert held.counts("e") == {"fd00::/122": 2, "10.0.0.0/26": 1}
     assert held.holds_exactly("c", {"fd00::/122": 2, "10.0.0.0/26": 1})
-    assert held.cidrs({hash("d")}) == {"10.0.0.0/26", "fd00::/122", "10.0.0.64/26"}
+    assert held.in_blocks({hash("d"), hash("c")}) == {"10.0.0.0/26": 2, "fd00::/122": 3, "10.0.0.64/26": 1}
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ from job.core.model import (
     ascii_number,
 )
 from job.core.plan import is_live
-from job.core.scan import BlockScan, find_dangling
+from job.core.scan import BlockScan, dangling_blocks, find_dangling
 
 if TYPE_CHECKING:
     from job.adapters.datastores.etcd_grpc import EtcdGrpc
@@ -1161,7 +1161,7 @@ class EtcdV3Datastore:
             handles[item.key[len(HANDLES) :]] = IpamHandle(item, item.key[len(HANDLES) :])
         # The blocks a plan may edit or count in: those its handles hold IPs in (a leaked IP's
         # included) or count (ipam._held_after), those an orphan has an affinity key for; and
-        # those an allocation without a handle is in (for the audit's sample).
+        # those that hold the audit's sample of allocations without a handle (dangling_blocks).
         needed = {a.cidr for host in inventory.hosts if not live(host.name) for a in host.affinities}
         for handle_id, handle in handles.items():
             node = tunnel_handle_node(handle_id)
@@ -1172,12 +1172,14 @@ class EtcdV3Datastore:
             if isinstance(counted, dict) and isinstance(counted.get("block"), dict):
                 needed.update(c for c in map(normal_cidr, counted["block"]) if c)
         missing: set[int] = set()
+        sampled: set[str] = set()
         if collected.named_read < len(scan.held):  # some allocation names a handle that is not there
             missing = scan.held.hashes() - {hash(key[len(HANDLES) :]) for key in self._keys(HANDLES, revision)}
-            needed.update(scan.held.cidrs(missing))
+            scan.dangling_count, sampled = dangling_blocks(scan.held, missing)
+            needed.update(sampled)
         blocks = self._with_values(blocks, needed, revision)
         if missing:
-            scan.dangling = find_dangling((b for b in blocks if b.cidr in needed), missing)
+            scan.dangling = find_dangling((b for b in blocks if b.cidr in sampled), missing)
         return replace(inventory, blocks=blocks, handles=handles, scan=scan)
 
     def _with_values(self, blocks: tuple[IpamBlock, ...], cidrs: Set[str], revision: int) -> tuple[IpamBlock, ...]:

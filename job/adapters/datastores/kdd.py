@@ -47,7 +47,7 @@ from job.core.model import (
     StoredItem,
     Write,
 )
-from job.core.scan import BlockScan, find_dangling
+from job.core.scan import BlockScan, dangling_blocks, find_dangling
 
 BLOCKS, AFFINITIES, HANDLES = "ipamblocks", "blockaffinities", "ipamhandles"
 
@@ -365,8 +365,8 @@ class KddDatastore:
             handles = self._handles(problems, partial(self._may_write, scan, seen))
             missing = scan.held.hashes() - seen  # allocations whose handle was not listed
             if missing:
-                needed = scan.held.cidrs(missing)
-                scan.dangling = find_dangling((b for b in blocks if b.cidr in needed), missing)
+                scan.dangling_count, sampled = dangling_blocks(scan.held, missing)
+                scan.dangling = find_dangling((b for b in blocks if b.cidr in sampled), missing)
         else:
             handles = self._handles(problems, lambda _id, _spec: True)
         named = set(owned) | set(affinities) | {b.affine_host for b in blocks if b.affine_host}
