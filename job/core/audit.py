@@ -115,13 +115,13 @@ def _unattributed(inventory: Inventory, scan: BlockScan, orphans: Set[str]) -> l
     no proof of whose they are, since a live node's pod may hold an address borrowed from the
     block; Calico's own IPAM garbage collection files such an allocation under no node and never
     frees it (docs/calico-data.md)."""
-    blocks = {b.cidr: b for b in inventory.blocks if scan.unclaimed.get(b.cidr) and b.affine_host in orphans}
-    known = {
-        host.name: {address_number(ip) for ip in host.known_ips} for host in inventory.hosts if host.name in orphans
-    }
+    unclaimed = scan.unclaimed
+    blocks = [b for b in inventory.blocks if unclaimed.get(b.cidr) and b.affine_host in orphans] if unclaimed else []
+    hosts = {b.affine_host for b in blocks}  # their known IPs only: a run may have thousands of orphans
+    known = {host.name: {address_number(ip) for ip in host.known_ips} for host in inventory.hosts if host.name in hosts}
     found = []
-    for cidr, block in blocks.items():
-        host, bits = block.affine_host, scan.unclaimed[cidr]
+    for block in blocks:
+        cidr, host, bits = block.cidr, block.affine_host, unclaimed[block.cidr]
         data, at = block_data(block), address_in(cidr)  # a gone host's block: read with its value
         for ordinal in (o for o in range(bits.bit_length()) if bits >> o & 1):
             ip, handle = at(ordinal), attribute_at(data, ordinal).get("handle_id")
