@@ -39,6 +39,7 @@ from bench.generate import FAMILIES, HOST_NAMES, SHAPES, datastore, host_name, l
 from job.adapters.datastores.etcdv3 import (
     AFFINITIES,
     BLOCKS,
+    HANDLES,
     HOST_GROUPS,
     IPAM_GROUPS,
     NODES,
@@ -324,6 +325,12 @@ def main() -> int:
         "namespaces but the endpoints' own keys",
     )
     parser.add_argument(
+        "--no-handles",
+        action="store_true",
+        help="leave out the IPAM handle keys, as a generator that writes only blocks may: every allocation then "
+        "names a handle that is not there (the audit's dangling_allocations)",
+    )
+    parser.add_argument(
         "--pods",
         action="store_true",
         help="the API test server also holds --pods-per-host pods and a calico-node pod on each live host, as a "
@@ -358,16 +365,15 @@ def main() -> int:
         )
         if options.no_pod_attributes:
             generated = unattributed(generated)
+        left_out = (PROFILES,) * options.no_profiles + (HANDLES,) * options.no_handles
         kinds: collections.Counter[str] = collections.Counter()
-        keys = load(
-            etcd.url,
-            tallied((kv for kv in generated if not (options.no_profiles and kv[0].startswith(PROFILES))), kinds),
-        )
+        keys = load(etcd.url, tallied((kv for kv in generated if not kv[0].startswith(left_out)), kinds))
         print(
             f"seeded {keys} keys ({options.hosts} hosts, {options.orphans} orphaned, shape {options.shape}"
             f"{f', {options.namespaces} namespaces' if options.namespaces else ''}"
             f"{', no namespace profiles' if options.no_profiles else ''}"
             f"{', no pod attributes' if options.no_pod_attributes else ''}"
+            f"{', no handles' if options.no_handles else ''}"
             f"{', hashed container ids' if options.container_ids == 'hashed' else ''}"
             f"{f', {options.host_names} host names' if options.host_names != 'aws' else ''}"
             f"{dict(dual=', dual stack', ipv6=', IPv6 alone').get(options.ip_families, '')}"

@@ -48,9 +48,9 @@ def test_bench_kdd_runs_and_its_apply_leaves_the_live_ipam_as_it_was(group: str,
     "layout",
     [
         ("--container-ids", "hashed", "--host-names", "gke", "--ip-families", "dual"),
-        ("--no-profiles", "--no-pod-attributes"),
+        ("--no-profiles", "--no-pod-attributes", "--no-handles"),
     ],
-    ids=["hashed-gke-dual", "nothing-names-the-namespaces"],
+    ids=["hashed-gke-dual", "nothing-names-the-namespaces-and-no-handles"],
 )
 def test_bench_dry_run_runs_on_the_layout_of_many_namespaces(layout: tuple[str, ...]) -> None:
     out = bench(
