@@ -100,7 +100,9 @@ def ipam_audit(
             **_found(dangling, key=lambda d: address_order(d["ip"])),
             "count": len(dangling) if scan.dangling_count is None else scan.dangling_count,
         },
-        "unattributed_allocations": _found(_unattributed(inventory, scan, orphans), key=lambda u: u["ip"]),
+        "unattributed_allocations": _found(
+            _unattributed(inventory, scan, orphans), key=lambda u: address_order(u["ip"])
+        ),
         "leaked_ips": _leaks(leaked, leak_plan),
         "vm_addresses": _owned_specially(scan, keep or Keep(live_nodes)),
         "cooling": _cooling(scan, cooldown),
