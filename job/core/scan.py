@@ -108,11 +108,11 @@ class BlockScan:
         live, live_nodes, calico2, held, wanted = self.owner_live, self.live_nodes, self.calico2, self.held, self.wanted
         touched = host_gone = host is not None and live is not None and not live(host)
         # A read that files no host as gone (a full read) tells by the Kubernetes names alone.
-        unclaimed = host is not None and (host_gone if live is not None else host not in live_nodes)
+        host_not_live = host is not None and (host_gone if live is not None else host not in live_nodes)
         if host:
             self.node_blocks[host] += 1
         attributes = data.get("attributes") or []
-        count = bits = mine = hosts = unowned = ownerless = 0
+        count = bits = mine = hosts = unowned = unclaimed = 0
         defer = self.defer_unowned and not host_gone
         others: dict[int, str | None] | None = None
         per_node, namespaces = self.node_allocated, self.namespaces
@@ -148,8 +148,8 @@ class BlockScan:
             else:
                 others = others or {}
                 others[ordinal] = sys.intern(owner) if owner else None
-                if not owner and unclaimed and not (calico2 and handle and "." in handle):
-                    ownerless |= 1 << ordinal  # on Calico 2.x a handle naming a pod is the leak check's
+                if not owner and host_not_live and not (calico2 and handle and "." in handle):
+                    unclaimed |= 1 << ordinal  # on Calico 2.x a handle naming a pod is the leak check's
                 if live is not None and not owner and defer:
                     unowned |= 1 << ordinal
                 elif live is not None and (not owner or not live(owner)):
@@ -182,8 +182,8 @@ class BlockScan:
             self.unheld[cidr] = bits
         if unowned:
             self.unowned[cidr] = unowned
-        if ownerless:
-            self.unclaimed[cidr] = ownerless
+        if unclaimed:
+            self.unclaimed[cidr] = unclaimed
         return BlockSummary(host, Owners(sys.intern(host) if host else None, mine, others), touched)
 
     def blocks_read(self) -> None:
