@@ -213,11 +213,14 @@ class BlockScan:
                     unclaimed[cidr] &= ~(1 << ordinal)
 
     def unowned_at(self, ips: Iterable[str]) -> dict[str, set[int]]:
-        """Of the allocations `add` deferred (`unowned`), those at these IPs, by block."""
+        """Of the allocations `add` deferred (`unowned`), those at these IPs, by block. Without
+        any, the IPs are not looked at (a read gives every gone host's: 50,000 at 2,500 of them)."""
+        found: dict[str, set[int]] = {}
+        if not self.unowned:
+            return found
         networks = Networks()
         for cidr in self.unowned:
             networks.add(cidr)
-        found: dict[str, set[int]] = {}
         for ip in ips:
             parsed = self.parse_ip(ip)
             located = None if parsed is None else networks.at(*parsed)

@@ -1087,6 +1087,8 @@ class EtcdV3Datastore:
         revision = self.range(CLUSTER_INFORMATION, None, None)[0].header.revision
         collected = Collected(value_budget=min(ORPHAN_VALUE_BYTES, self._config.max_deletions * VALUE_BYTES_PER_HOST))
         # Hundreds of thousands of small objects and no cycles: the cyclic GC only slows this down.
+        # What is made meanwhile is frozen before it resumes: resumed first, its next pass walked
+        # all of it once (0.1 s at 2,500 gone hosts); the inventory lives to the run's end anyway.
         gc.disable()
         try:
             with self._items(revision, HOST_GROUPS) as items:
@@ -1134,9 +1136,10 @@ class EtcdV3Datastore:
                         starts.learn_sizes(collected.scan.namespaces, filed)
                         starts.complete.set()
             inventory = assemble(collected, revision)
+            return inventory if collected.live is None else self._completed(inventory, collected)
         finally:
+            gc.freeze()
             gc.enable()
-        return inventory if collected.live is None else self._completed(inventory, collected)
 
     def _namespace_profiles(self, revision: int) -> list[str]:
         """The namespaces kube-controllers keeps a profile for (a read of their keys only)."""
@@ -1168,6 +1171,8 @@ class EtcdV3Datastore:
             if node is not None and live(node):
                 continue  # a live host's: written by no plan
             needed.update(scan.held.counts(handle_id))
+            if scan.held.exact(handle_id, handle.item.value):
+                continue  # it counts just what the blocks hold for it: no other block to add
             counted = parse_handle(handle.item.value or "")
             if isinstance(counted, dict) and isinstance(counted.get("block"), dict):
                 needed.update(c for c in map(normal_cidr, counted["block"]) if c)
