@@ -36,3 +36,6 @@ class Inventory:
     pods_are_endpoints: bool = False
     # IPAMConfig's ipCooldownSeconds (0 when unset); None where the read could not tell (docs/calico-data.md).
     ip_cooldown: int | None = None
+    # Gone hosts read without what removing them takes (their endpoints, handles and blocks' values),
+    # as plan.read_first chose: a plan defers them (Plan.unread when it would have taken one).
+    partial: frozenset[str] = frozenset()

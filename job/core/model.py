@@ -322,6 +322,9 @@ class Plan:
     repairs: tuple[HandleRepair, ...] = ()
     keep: Keep | None = None  # the run's rule for addresses that stay (kept.py): re-plans use it too
     cooldown: Cooldown | None = None  # IP cooldown, where it is known: releases follow it, re-plans too
+    # Gone hosts the plan would have taken but the read kept without their data (Inventory.partial):
+    # such a plan is never acted on; the run reads again, whole.
+    unread: tuple[str, ...] = ()
 
     @property
     def refused(self) -> bool:

@@ -278,19 +278,67 @@ def plan_run(
     that name an orphan count like the ones found from addresses. `cooling_seen`: whether any
     block holds an address in IP cooldown (the sign of a Calico with one, model.known_cooldown).
     """
+    triage = _triage(inventory.hosts, kube_nodes, grace_state, now, config, reported_conflicts)
+    decisions, next_state = triage.decisions, triage.next_state
+    guards = check_guards(inventory, kube_nodes, len(triage.orphans), config)
+    keep = Keep(frozenset(node.name for node in kube_nodes), kubevirt)
+    cooldown = known_cooldown(inventory.ip_cooldown, config.ip_cooldown_seconds, cooling_seen, now)
+    index = build_index(inventory, keep, cooldown)
+    taken = 0
+    unread: list[str] = []
+    for orphan, since, is_conflict in triage.eligible:
+        if taken >= config.max_deletions or orphan.host.name in inventory.partial:
+            # Steps are worked out only for hosts this run deletes, and only from their whole data.
+            if taken < config.max_deletions:
+                unread.append(orphan.host.name)
+            decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
+            continue
+        steps, problem = host_steps(orphan.host, index)
+        if problem is not None:
+            decisions.append(
+                HostDecision(orphan.host, Action.SKIPPED, problem.reason, since, is_conflict, error=problem.message)
+            )
+        else:
+            taken += 1
+            decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
+    decisions.sort(key=lambda d: d.host.name)
+    repairs, sightings = plan_handle_repairs(stale, decisions, grace_state, now, config)
+    next_state.update(sightings)
+    orphans = frozenset(o.host.name for o in triage.orphans)
+    plan = Plan(tuple(decisions), triage.conflicts, guards, next_state, triage.live, orphans, repairs, keep, cooldown)
+    return replace(plan, unread=tuple(unread))
+
+
+@dataclass(frozen=True)
+class _Triage:
+    """The gone hosts as sorted out before any is planned: what a plan decides of them without
+    their data (read_first asks it before that data is read)."""
+
+    decisions: list[HostDecision]  # those skipped or waiting out their grace period
+    live: int
+    orphans: list[Orphan]
+    conflicts: tuple[IpConflict, ...]
+    eligible: list[tuple[Orphan, datetime, bool]]  # (orphan, since, in conflict), in the order a plan takes them
+    next_state: dict[str, datetime]
+
+
+def _triage(
+    hosts: Sequence[CalicoHost],
+    kube_nodes: Sequence[KubeNode],
+    grace_state: Mapping[str, datetime],
+    now: datetime,
+    config: Config,
+    reported_conflicts: Sequence[IpConflict],
+) -> _Triage:
     k8s_names = {node.name for node in kube_nodes}
-    orphans, decisions, live = _classify(inventory.hosts, k8s_names, config)
+    orphans, decisions, live = _classify(hosts, k8s_names, config)
     orphan_names = frozenset(o.host.name for o in orphans)
-    found = find_conflicts(inventory.hosts, orphan_names, kube_nodes, config)
+    found = find_conflicts(hosts, orphan_names, kube_nodes, config)
     seen = {(c.ip, c.orphan, c.blocks) for c in found}
     conflicts = found + tuple(
         c for c in reported_conflicts if c.orphan in orphan_names and (c.ip, c.orphan, c.blocks) not in seen
     )
     conflicted = {c.orphan for c in conflicts if c.orphan is not None}
-    guards = check_guards(inventory, kube_nodes, len(orphans), config)
-    keep = Keep(frozenset(k8s_names), kubevirt)
-    cooldown = known_cooldown(inventory.ip_cooldown, config.ip_cooldown_seconds, cooling_seen, now)
-    index = build_index(inventory, keep, cooldown)
     next_state: dict[str, datetime] = {}
     eligible: list[tuple[Orphan, datetime, bool]] = []
     for orphan in orphans:
@@ -312,23 +360,29 @@ def plan_run(
         eligible.append((orphan, since, is_conflict))
     # Conflicts first (a live node is down until they go), then the longest-orphaned.
     eligible.sort(key=lambda e: (not e[2], e[1], e[0].host.name))
-    taken = 0
-    for orphan, since, is_conflict in eligible:
-        if taken >= config.max_deletions:  # steps are worked out only for hosts this run deletes
-            decisions.append(HostDecision(orphan.host, Action.DEFERRED, MAX_DELETIONS, since, is_conflict))
-            continue
-        steps, problem = host_steps(orphan.host, index)
-        if problem is not None:
-            decisions.append(
-                HostDecision(orphan.host, Action.SKIPPED, problem.reason, since, is_conflict, error=problem.message)
-            )
-        else:
-            taken += 1
-            decisions.append(HostDecision(orphan.host, Action.WOULD_DELETE, orphan.reason, since, is_conflict, steps))
-    decisions.sort(key=lambda d: d.host.name)
-    repairs, sightings = plan_handle_repairs(stale, decisions, grace_state, now, config)
-    next_state.update(sightings)
-    return Plan(tuple(decisions), conflicts, guards, next_state, live, orphan_names, repairs, keep, cooldown)
+    return _Triage(decisions, live, orphans, conflicts, eligible, next_state)
+
+
+# How many gone hosts a read keeps whole, for each the run may delete: the rest are for the hosts
+# a plan skips (its data malformed, its addresses kept or cooling).
+READ_FIRST_PER_DELETION = 2
+
+
+def read_first(
+    hosts: Sequence[CalicoHost],
+    kube_nodes: Sequence[KubeNode],
+    grace_state: Mapping[str, datetime],
+    now: datetime,
+    config: Config,
+    reported_conflicts: Sequence[IpConflict] = (),
+) -> frozenset[str]:
+    """The gone hosts a plan of this run may take, as it orders them, READ_FIRST_PER_DELETION for
+    each of --max-deletions: `hosts` as their Calico Nodes say (no data filed under them yet).
+    A read keeps what removing a host takes (its endpoints, its handles, its blocks' values) of
+    these alone, so that memory follows what a run may delete, not how many hosts are gone. A plan
+    that reaches a host read without it says so (Plan.unread): the run then reads again, whole."""
+    eligible = _triage(hosts, kube_nodes, grace_state, now, config, reported_conflicts).eligible
+    return frozenset(orphan.host.name for orphan, _, _ in eligible[: READ_FIRST_PER_DELETION * config.max_deletions])
 
 
 def handle_sighting(finding: StaleHandle) -> str:

@@ -73,6 +73,9 @@ class BlockScan:
     # hosts' IPs, which of them a plan may free (unowned_at): a keyspace whose allocations carry no
     # attributes kept every block whole and every handle.
     defer_unowned: bool = False
+    # Gone hosts no plan of this run takes (Inventory.partial): their blocks and allocations are
+    # scanned as a live host's are, for what a plan would write, and as a gone host's for the audit.
+    partial: Set[str] = frozenset()
     unowned: dict[str, int] = field(default_factory=dict)
     # Of a block whose affine host is not live, the allocations that name no node (Calico 2.x:
     # nor a pod), as bits per cidr; an endpoint holding one clears its bit. What is left stays
@@ -106,9 +109,10 @@ class BlockScan:
         assert self._networks is None, "a block added after blocks_read"
         host = affinity_host(data)
         live, live_nodes, calico2, held, wanted = self.owner_live, self.live_nodes, self.calico2, self.held, self.wanted
-        touched = host_gone = host is not None and live is not None and not live(host)
+        partial = self.partial
         # A read that files no host as gone (a full read) tells by the Kubernetes names alone.
-        host_not_live = host is not None and (host_gone if live is not None else host not in live_nodes)
+        host_not_live = host is not None and (not live(host) if live is not None else host not in live_nodes)
+        touched = host_gone = live is not None and host_not_live and host not in partial
         if host:
             self.node_blocks[host] += 1
         attributes = data.get("attributes") or []
@@ -152,7 +156,7 @@ class BlockScan:
                     unclaimed |= 1 << ordinal  # on Calico 2.x a handle naming a pod is the leak check's
                 if live is not None and not owner and defer:
                     unowned |= 1 << ordinal
-                elif live is not None and (not owner or not live(owner)):
+                elif live is not None and (not owner or not (live(owner) or owner in partial)):
                     touched = True
                     if handle:
                         wanted.add(handle)

@@ -10,7 +10,7 @@ import contextvars
 import gc
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import structlog
 
 from job import __version__
-from job.adapters.datastores.base import Datastore, DatastoreError
+from job.adapters.datastores.base import Datastore, DatastoreError, Scope
 from job.adapters.keep import KeepError, worth_keeping
 from job.adapters.kube import KubeError
 from job.adapters.metrics import DEFAULT_CLUSTER, push
@@ -33,8 +33,19 @@ from job.core.inventory import Inventory
 from job.core.ipam import stale_handles
 from job.core.kept import KubeVirt
 from job.core.leaks import LEAK_RELEASED, Allocation, LeakPlan, as_listed, plan_leaks, settler
-from job.core.model import Action, HandleRepair, HostDecision, IpamBlock, IpamHandle, KubeNode, Plan, PodInfo, Step
-from job.core.plan import HANDLE_REPAIRED, plan_run
+from job.core.model import (
+    Action,
+    CalicoHost,
+    HandleRepair,
+    HostDecision,
+    IpamBlock,
+    IpamHandle,
+    KubeNode,
+    Plan,
+    PodInfo,
+    Step,
+)
+from job.core.plan import HANDLE_REPAIRED, plan_run, read_first
 from job.core.report import UNFINISHED, Befores, RunRecord, build, in_progress, unfinished
 from job.core.scan import BlockScan, scan_blocks
 from job.flows.apply import (
@@ -469,6 +480,10 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
     """One run, as its steps: read, decide, apply, settle (the plan itself is job/core's)."""
     inventory, kube, grace_state = _read_all(config, deps, record)
     decided = _decide(config, deps, record, inventory, kube, grace_state)
+    if decided is None:  # the plan reached a host the read kept lean: read again, whole
+        inventory = _read_whole(deps, record, inventory, kube)
+        decided = _decide(config, deps, record, inventory, kube, grace_state)
+        assert decided is not None, "a whole read keeps no host lean"
     if decided.plan.refused:
         for guard in decided.plan.guards:
             log.error("refused", guard=guard.name, message=guard.message)
@@ -485,23 +500,60 @@ def _run(config: Config, deps: Dependencies, record: RunRecord) -> ExitCode:
 def _read_all(
     config: Config, deps: Dependencies, record: RunRecord
 ) -> tuple[Inventory, KubernetesRead, Mapping[str, datetime]]:
-    """The datastore, the Kubernetes side (read meanwhile: it mostly waits on the API server) and
-    the grace state, each logged and recorded."""
-    timings = record.timings
+    """The datastore, the Kubernetes side and the grace state (both read meanwhile: they mostly
+    wait on the API server), each logged and recorded. The datastore read is told which gone hosts
+    a plan may take (_scope), once it has their Nodes."""
     kube_read = _in_background(_read_kubernetes, deps, config)
+    grace_read = _in_background(_load_grace, deps.state)
     started = time.perf_counter()
-    inventory = _read(deps, "the Calico datastore", deps.datastore.read, partial(_node_names, kube_read))
-    timings["datastore_read"] = time.perf_counter() - started
+    inventory = _read(
+        deps,
+        "the Calico datastore",
+        deps.datastore.read,
+        partial(_node_names, kube_read),
+        _scope(config, deps, kube_read, grace_read),
+    )
+    record.timings["datastore_read"] = time.perf_counter() - started
     # What the read keeps lives to the end of the run: frozen out of the cyclic collector's passes,
     # which the plan and the report made walk it again and again (0.07 s at 5,000 hosts).
     gc.freeze()
     kube = _await(deps, "the Kubernetes Nodes and calico-node pods", kube_read)
-    timings["kubernetes_read"] = kube.seconds
+    record.timings["kubernetes_read"] = kube.seconds
     vms = None if kube.kubevirt.vms is None else len(kube.kubevirt.vms)
     log.info("kubernetes_read", nodes=len(kube.nodes), kubevirt_vms=vms)
     if kube.kubevirt.why:
         log.warning("kubevirt_unknown", why=kube.kubevirt.why, effect="every VM address is kept this run")
     record.k8s_node_count = len(kube.nodes)
+    _recorded(deps, record, inventory)
+    loaded = _await(deps, "the grace state", grace_read)
+    for problem in loaded.problems:
+        log.warning("grace_state_problem", problem=problem)
+        record.error("grace_state", problem)
+    return inventory, kube, loaded.sightings
+
+
+def _load_grace(state: StateStore) -> Loaded:
+    """The grace state; none, and why, where it cannot be read (every wait then restarts)."""
+    try:
+        return state.load()
+    except StateError as error:
+        return Loaded({}, (f"could not read grace state, every wait restarts: {error}",))
+
+
+def _scope(config: Config, deps: Dependencies, kube_read: Future[KubernetesRead], grace_read: Future[Loaded]) -> Scope:
+    """The gone hosts a plan of this run may take (plan.read_first), as the plan will see them:
+    the same Nodes, crash logs and grace state."""
+
+    def scope(hosts: Sequence[CalicoHost]) -> Set[str]:
+        kube, loaded = kube_read.result(), grace_read.result()
+        reported = log_conflicts(kube.health.pods or (), config.restart_threshold)
+        return read_first(hosts, kube.nodes, loaded.sightings, deps.clock(), config, reported)
+
+    return scope
+
+
+def _recorded(deps: Dependencies, record: RunRecord, inventory: Inventory, before: Inventory | None = None) -> None:
+    """Log and record a datastore read (of problems, those a read `before` did not record)."""
     described = deps.datastore.describe()  # now with what the read found out (the Calico API group)
     log.info(
         "datastore_read",
@@ -518,17 +570,23 @@ def _read_all(
         datastore_ready=inventory.cluster.datastore_ready,
         revision=inventory.revision,
     )
-    record.problems(inventory.problems)
+    recorded = set(before.problems) if before is not None else set()
+    record.problems([problem for problem in inventory.problems if problem not in recorded])
     if inventory.kube_controllers is not None:
         record.datastore["kube_controllers"] = dict(inventory.kube_controllers)
-    try:
-        loaded = _read(deps, "the grace state", deps.state.load)
-    except StateError as error:
-        loaded = Loaded({}, (f"could not read grace state, every wait restarts: {error}",))
-    for problem in loaded.problems:
-        log.warning("grace_state_problem", problem=problem)
-        record.error("grace_state", problem)
-    return inventory, kube, loaded.sightings
+
+
+def _read_whole(deps: Dependencies, record: RunRecord, lean: Inventory, kube: KubernetesRead) -> Inventory:
+    """The datastore read again, keeping every gone host whole: a plan reached hosts the first
+    read kept lean, because more of those it may take were skipped (their data malformed, their
+    addresses kept or cooling) than plan.read_first allows for. Rare; what it costs is one read."""
+    log.info("datastore_read_again", reason="the plan reached gone hosts the read kept lean")
+    started = time.perf_counter()
+    names = {node.name for node in kube.nodes}
+    inventory = _read(deps, "the Calico datastore, whole", deps.datastore.read, lambda: names)
+    record.timings["datastore_read_again"] = time.perf_counter() - started
+    _recorded(deps, record, inventory, lean)
+    return inventory
 
 
 def _decide(
@@ -538,9 +596,11 @@ def _decide(
     inventory: Inventory,
     kube: KubernetesRead,
     grace_state: Mapping[str, datetime],
-) -> Decided:
+) -> Decided | None:
     """The IPAM check, the hosts' plan, the leaks' plan and the health diagnosis (pure, but for the
-    pods list the leak check needs and the handles of leaked IPs a lean read did not keep)."""
+    pods list the leak check needs and the handles of leaked IPs a lean read did not keep). None,
+    before anything is recorded or the pods are read, where the plan reached a host the read kept
+    lean (Plan.unread)."""
     now = deps.clock()
     # An orphan a crash-looping calico-node names in its log gets the conflict grace too.
     reported = log_conflicts(kube.health.pods or (), config.restart_threshold)
@@ -552,6 +612,9 @@ def _decide(
         attribute = not inventory.pods_are_endpoints
         scan = scan_blocks(inventory.blocks, live_names, endpoint_ips, inventory.handles, calico2, attribute)
     stale = stale_handles(inventory.handles, scan.held, inventory.malformed_blocks)
+    plan = plan_run(inventory, kube.nodes, grace_state, now, config, reported, stale, kube.kubevirt, bool(scan.cooling))
+    if plan.unread:
+        return None
     started = time.perf_counter()
     leaked = _leaked(scan, inventory.blocks, deps, record)
     record.timings["pods_list"] = time.perf_counter() - started
@@ -561,7 +624,6 @@ def _decide(
         if unread:
             more: dict[str, IpamHandle] = _read(deps, "the leaked IPs' handles", deps.datastore.handles, sorted(unread))
             handles = {**handles, **more}
-    plan = plan_run(inventory, kube.nodes, grace_state, now, config, reported, stale, kube.kubevirt, bool(scan.cooling))
     keep = plan.keep
     assert keep is not None, "plan_run always gives the rule"
     leak_plan = None

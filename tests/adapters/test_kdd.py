@@ -622,7 +622,7 @@ def _as_the_full_read(harness: Harness, config: Config, lean: dict[str, Any], mo
     store = KddDatastore(Kube(api_client(kdd(harness)), harness.retry))
     lean_handles = set(read(store, lambda: {LIVE_A, LIVE_B}).handles)
 
-    def full_read(self: KddDatastore, kube_names: Any = None) -> Any:
+    def full_read(self: KddDatastore, kube_names: Any = None, scope: Any = None) -> Any:
         kube_names_given.append(kube_names is not None)
         inventory = read(self, None)
         assert inventory.scan is None and len(inventory.handles) > len(lean_handles)

@@ -4,7 +4,9 @@ etcd, on the kops cluster with every kind of IPAM garbage at once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence, Set
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,8 +20,8 @@ from job.core.audit import ipam_audit
 from job.core.inventory import Inventory
 from job.core.ipam import stale_handles
 from job.core.leaks import plan_leaks
-from job.core.model import KubeNode, Step, Write
-from job.core.plan import plan_run
+from job.core.model import CalicoHost, KubeNode, Step, Write
+from job.core.plan import plan_run, read_first
 from job.core.scan import scan_blocks
 from tests.conftest import Harness
 from tests.flows.test_audit import garbage
@@ -29,9 +31,11 @@ from tests.support import scenario as s
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-def decisions(inventory: Inventory, kube_nodes: list[KubeNode], harness: Harness) -> dict[str, Any]:
+def decisions(
+    inventory: Inventory, kube_nodes: list[KubeNode], harness: Harness, max_deletions: int = 50
+) -> dict[str, Any]:
     """Everything a run decides from a read: the plan, the stale handles, the leaks and the audit."""
-    config = harness.config(grace_period=timedelta(0), release_leaked_ips=True, max_deletions=50)
+    config = harness.config(grace_period=timedelta(0), release_leaked_ips=True, max_deletions=max_deletions)
     live = {node.name for node in kube_nodes}
     scan = inventory.scan
     if scan is None:
@@ -44,6 +48,7 @@ def decisions(inventory: Inventory, kube_nodes: list[KubeNode], harness: Harness
     leak_state = {f"leak:{a.ip}@{a.handle}": NOW - timedelta(hours=1) for a in leaked}
     blocks = {block.cidr: block for block in inventory.blocks}
     leak_plan = plan_leaks(leaked, blocks, inventory.handles, leak_state, NOW, config, set())
+    assert not plan.unread, "a plan that reached a host read lean is never acted on"
     return {
         "hosts": {d.host.name: (d.action, d.reason, _unread(d.steps)) for d in plan.decisions},
         "live": plan.live_hosts,
@@ -232,3 +237,50 @@ def test_the_read_keeps_gone_hosts_endpoint_values_by_the_deletions_a_run_may_ma
     assert sorted(e.key for e in endpoints) == sorted(gone)
     held = [e for e in endpoints if e.value is not None]
     assert len(held) == kept and all(e.value == stored[e.key][0] for e in held)
+
+
+def test_a_read_told_which_gone_hosts_a_plan_may_take_keeps_the_others_as_lean_as_live_ones(harness: Harness) -> None:
+    """(issue 31, memory with many gone hosts) Told the plan's scope (plan.read_first: twice
+    --max-deletions of the gone hosts, in the plan's order), the read keeps the other gone hosts
+    as it keeps live ones: their Nodes, per-node keys and affinities, and none of their endpoints,
+    handles or blocks' values. Memory then follows what a run may delete. On the entangled fleet
+    (IPs borrowed across the gone hosts' blocks) the plan is the whole read's."""
+    scenario = s.cross_borrowing_fleet(6)
+    harness.seed(scenario)
+    kube_nodes = [KubeNode(name) for name, _ in scenario.k8s_nodes]
+    names = {node.name for node in kube_nodes}
+    config = harness.config(grace_period=timedelta(0), max_deletions=1)
+    told: list[str] = []
+
+    def scope(hosts: Sequence[CalicoHost]) -> Set[str]:
+        told.extend(host.name for host in hosts)
+        return read_first(hosts, kube_nodes, {}, NOW, config)
+
+    store = EtcdV3Datastore(harness.config(page_size=3), RetryPolicy())
+    try:
+        whole = store.read(lambda: names)
+        lean = store.read(lambda: names, scope)
+    finally:
+        store.close()
+    gone = [f"gone-{i}" for i in range(6)]
+    assert sorted(told) == gone and lean.partial == set(gone[2:]) and not whole.partial
+    assert decisions(lean, kube_nodes, harness, max_deletions=1) == decisions(
+        whole, kube_nodes, harness, max_deletions=1
+    )
+    hosts = {host.name: host for host in lean.hosts}
+    assert all(hosts[name].workload_endpoints for name in gone[:2])
+    assert not any(hosts[name].workload_endpoints for name in gone[2:])
+    assert all(hosts[name].node and hosts[name].affinities and hosts[name].owned for name in gone)  # kept, as small
+    # Of the lean hosts' handles, none: their pods' (each pod's one handle) and their tunnel addresses'.
+    lean_ones = {f"k8s-pod-network.{pod_container(name, pod)}" for name in gone[2:] for pod in ("cart", "borrower")}
+    lean_ones |= {f"ipip-tunnel-addr-{name}" for name in gone[2:]}
+    assert lean_ones <= set(whole.handles) and set(whole.handles) - set(lean.handles) == lean_ones
+    # gone-4's own IPv4 block holds its allocations alone: a summary, as a live host's.
+    block = {b.cidr: b for b in lean.blocks}["100.64.4.0/26"]
+    assert block.item.value is None and {b.cidr: b for b in whole.blocks}[block.cidr].item.value is not None
+
+
+def pod_container(host: str, pod: str) -> str:
+    """The container id CalicoSeed.pod gives the pod `pod`-<index of host> of the cross-borrowing fleet."""
+    index = host.rsplit("-", 1)[1]
+    return hashlib.sha256(f"{host}/shop/{pod}-{index}".encode()).hexdigest()[:16]

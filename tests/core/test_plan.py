@@ -14,8 +14,8 @@ from job.adapters.datastores.etcdv3 import build_inventory
 from job.config import Config
 from job.core.inventory import Inventory
 from job.core.ipam import IpamIndex
-from job.core.model import Action, BlockAffinity, CalicoHost, ClusterInfo, KubeNode, StoredItem
-from job.core.plan import build_index, plan_run, refreshed, reindexed
+from job.core.model import Action, BlockAffinity, CalicoHost, ClusterInfo, KubeNode, StoredItem, WorkloadEndpoint
+from job.core.plan import build_index, plan_run, read_first, refreshed, reindexed
 from tests.support.scenario import cross_borrowing_fleet
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -277,6 +277,105 @@ def test_a_malformed_orphan_does_not_take_a_deletion_slot() -> None:
         ("c-later", "deferred", "max_deletions"),
     ]
     assert not plan.decisions[2].steps, "no work is done for deferred hosts"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.integers(0, 4), st.data())
+def test_a_plan_of_a_read_that_kept_the_hosts_read_first_left_out_lean_decides_as_a_whole_one(
+    broken: list[bool], max_deletions: int, data: st.DataObject
+) -> None:
+    """(issue 31, memory with many gone hosts) The gone hosts read_first leaves out are read lean
+    (Inventory.partial). The plan then decides as it does from a whole read, or, where it reaches
+    one of them before --max-deletions (the hosts read whole were skipped: here, those whose
+    only block is malformed), takes none of them and says so (Plan.unread): the run reads again."""
+    names = [f"gone-{i:02d}" for i in range(len(broken))]
+    state = {name: NOW - timedelta(minutes=data.draw(st.integers(0, 120))) for name in names}
+    config = replace(
+        NO_GRACE, grace_period=timedelta(minutes=data.draw(st.integers(0, 60))), max_deletions=max_deletions
+    )
+    affinity = {
+        name: BlockAffinity(StoredItem(f"affinity/{name}", 3, ""), name, f"10.9.{i}.0/26")
+        for i, name in enumerate(names)
+    }
+    hosts = Inventory(
+        hosts=(*LIVE, *(host(name, affinities=(affinity[name],)) for name in names)),
+        malformed_blocks=tuple(affinity[name].cidr for name, bad in zip(names, broken, strict=True) if bad),
+        cluster=ClusterInfo("guid", True),
+    )
+    whole = plan_run(hosts, K8S, state, NOW, config)
+    lean_ones = frozenset(names) - read_first(hosts.hosts, K8S, state, NOW, config)
+    lean = plan_run(replace(hosts, partial=lean_ones), K8S, state, NOW, config)
+    assert not any(d.action is Action.WOULD_DELETE and d.host.name in lean_ones for d in lean.decisions)
+    if lean.unread:  # the hosts it reached with a deletion left, in its order
+        assert set(lean.unread) <= lean_ones
+        taken = [d for d in lean.decisions if d.action is Action.WOULD_DELETE]
+        assert len(taken) < max_deletions and set(taken) <= set(whole.decisions)  # as the whole plan takes them
+    else:
+        assert lean.decisions == whole.decisions and lean.next_grace_state == whole.next_grace_state
+
+
+def test_read_first_names_the_hosts_a_plan_takes_first_twice_as_many_as_it_may_delete() -> None:
+    config = replace(NO_GRACE, grace_period=timedelta(hours=1), conflict_grace_period=timedelta(0), max_deletions=1)
+    k8s = (*K8S, KubeNode("new-node", ("10.0.0.9",)))
+    state = {"b-older": NOW - timedelta(days=2), "c-old": NOW - timedelta(days=1), "d-old": NOW - timedelta(days=1)}
+    hosts = (
+        *LIVE,
+        host("a-new"),  # waits out its grace period
+        host("b-older"),
+        host("c-old"),
+        host("d-old"),  # after c-old, by name: past the two a plan may take first
+        host("e-conflict", ipv4="10.0.0.9"),  # a conflict goes first, its grace none
+        host("f-excluded"),
+        host("g-felix", felix_alive=True),
+    )
+    excluded = replace(config, exclude=("f-.*",))
+    state |= {"f-excluded": NOW - timedelta(days=3), "g-felix": NOW - timedelta(days=3)}
+    assert read_first(hosts, k8s, state, NOW, excluded) == {"e-conflict", "b-older"}
+    assert read_first(hosts, k8s, state, NOW, replace(excluded, max_deletions=2)) == {
+        "e-conflict",
+        "b-older",
+        "c-old",
+        "d-old",
+    }
+    assert read_first(hosts, k8s, state, NOW, replace(excluded, max_deletions=0)) == set()
+
+
+def test_a_plan_that_reaches_a_host_read_lean_takes_none_and_says_so() -> None:
+    config = replace(NO_GRACE, max_deletions=1)
+    state = {"a-broken": NOW - timedelta(days=3), "b-broken": NOW - timedelta(days=2)}
+    broken = {
+        name: (BlockAffinity(StoredItem(f"affinity/{name}", 3, ""), name, cidr),)
+        for name, cidr in (("a-broken", "10.9.0.0/26"), ("b-broken", "10.9.1.0/26"))
+    }
+    endpoint = WorkloadEndpoint(StoredItem("workloadendpoints/shop/c-fine-k8s-cart-eth0", 4, "{}"), "c-fine", ())
+    hosts = Inventory(
+        hosts=(
+            *LIVE,
+            host("a-broken", affinities=broken["a-broken"]),
+            host("b-broken", affinities=broken["b-broken"]),
+            host("c-fine", workload_endpoints=(endpoint,)),
+            host("d-later"),
+        ),
+        malformed_blocks=("10.9.0.0/26", "10.9.1.0/26"),
+        cluster=ClusterInfo("guid", True),
+    )
+    assert read_first(hosts.hosts, K8S, state, NOW, config) == {"a-broken", "b-broken"}
+    whole = plan_run(hosts, K8S, state, NOW, config)
+    # Read lean, c-fine has none of its endpoints: taken so, they would stay behind it.
+    lean = replace(
+        hosts, hosts=(*hosts.hosts[:-2], host("c-fine"), host("d-later")), partial=frozenset({"c-fine", "d-later"})
+    )
+    plan = plan_run(lean, K8S, state, NOW, config)
+    assert plan.unread == ("c-fine", "d-later") and not whole.unread  # each reached with a deletion left
+    assert {d.host.name: str(d.action) for d in plan.decisions} == {
+        "a-broken": "skipped",
+        "b-broken": "skipped",
+        "c-fine": "deferred",
+        "d-later": "deferred",
+    }
+    taken = next(d for d in whole.decisions if d.host.name == "c-fine")
+    assert taken.action is Action.WOULD_DELETE
+    assert endpoint.item.key in {w.key for step in taken.steps for w in step.writes}
 
 
 def _normal(index: IpamIndex) -> tuple[object, ...]:

@@ -131,6 +131,33 @@ def test_max_deletions_defers_the_rest_conflict_first(harness: Harness) -> None:
     assert any(s.POD_ORPHAN in k for k in harness.dump())
 
 
+@pytest.mark.parametrize("skipped", [0, 2])
+def test_a_run_reads_whole_the_hosts_it_may_take_and_reads_again_when_it_skips_them(
+    harness: Harness, skipped: int
+) -> None:
+    """(issue 31, memory with many gone hosts) The read keeps whole only the gone hosts a plan may
+    take first (plan.read_first: twice --max-deletions); the others as lean as live ones. Where
+    the plan skips those it read whole (here their blocks are malformed), it reaches one it kept
+    lean: the run reads again, whole, and deletes that one with everything it left behind."""
+    scenario = s.cross_borrowing_fleet(6)
+    for i in range(skipped):
+        scenario.seed.keys[f"/calico/ipam/v2/assignment/ipv4/block/100.64.{i}.0-26"] = f'{{"cidr": "100.64.{i}.0/26"}}'
+    harness.seed(scenario)
+    report, code = harness.run(harness.config(apply=True, max_deletions=1, max_orphan_fraction=1.0))
+    assert code == 0
+    actions = {name: (h["action"], h["reason"]) for name, h in hosts_by_name(report).items()}
+    taken = f"gone-{skipped}"
+    assert actions == {
+        **{f"gone-{i}": ("skipped", "malformed_data") for i in range(skipped)},
+        taken: ("deleted", "k8s_node_missing"),
+        **{f"gone-{i}": ("deferred", "max_deletions") for i in range(skipped + 1, 6)},
+    }
+    assert ("datastore_read_again" in report["timings"]) is (skipped > 0)
+    left = harness.dump()
+    assert not [key for key in left if taken in key or taken.replace("-", "--") in key]  # its endpoints too
+    assert all(any(f"gone-{i}" in key for key in left) for i in range(6) if f"gone-{i}" != taken)
+
+
 def test_a_node_held_by_a_finalizer_is_live_until_it_is_gone(harness: Harness) -> None:
     """A Node whose delete waits on a finalizer (Karpenter's, while it drains and ends the
     instance) is still there, marked, and calico-node may still run on it: its Calico data is

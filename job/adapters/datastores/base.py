@@ -8,7 +8,11 @@ from typing import Protocol
 
 from job.core.inventory import Inventory
 from job.core.ipam import address_number
-from job.core.model import IpamHandle, Step, StoredItem
+from job.core.model import CalicoHost, IpamHandle, Step, StoredItem
+
+# Of the gone hosts as their Calico Nodes say (nothing filed under them yet), those a plan of this
+# run may take (plan.read_first): the flow's, given to a read that can keep the others lean.
+Scope = Callable[[Sequence[CalicoHost]], Set[str]]
 
 
 def ip_number(text: str) -> tuple[int, int] | None:
@@ -50,12 +54,14 @@ class Datastore(Protocol):
         """Where the data lives, for the report (never credentials)."""
         ...
 
-    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+    def read(self, kube_names: Callable[[], Set[str]] | None = None, scope: Scope | None = None) -> Inventory:
         """One consistent, paged read of everything the planner needs.
 
         `kube_names` gives the Kubernetes Node names (waiting for them if need be). A datastore
         may use it to keep only a summary of live hosts' data (plan.is_live), which the plan
-        never acts on: see Inventory.scan. Without it, everything is kept.
+        never acts on: see Inventory.scan. Without it, everything is kept. Given `scope` too, it
+        may keep the gone hosts that scope leaves out as lean as live ones (Inventory.partial;
+        etcd v3 does).
         """
         ...
 

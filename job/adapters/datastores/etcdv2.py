@@ -16,7 +16,7 @@ from typing import Annotated
 
 import msgspec
 
-from job.adapters.datastores.base import DatastoreError
+from job.adapters.datastores.base import DatastoreError, Scope
 from job.adapters.datastores.etcd_http import EtcdHttp
 from job.adapters.datastores.etcdv3 import (
     Collected,
@@ -275,7 +275,7 @@ class EtcdV2Datastore:
         node = self._get(HOSTS)
         return bool(node and node.nodes)
 
-    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+    def read(self, kube_names: Callable[[], Set[str]] | None = None, scope: Scope | None = None) -> Inventory:
         """Everything: etcd v2 answers each tree whole (it cannot page), so `kube_names` (see
         Datastore.read) would not lower the peak."""
         guid, ready = self._get(CLUSTER_GUID), self._get(READY)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, AnyStr, Protocol, TypeVar
 
 import msgspec
 
-from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_number
+from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, Scope, ip_number
 from job.adapters.retry import RetryPolicy
 from job.config import Config
 from job.core.inventory import Inventory
@@ -504,6 +504,9 @@ class Collected:
     scan: BlockScan | None = None
     named_read: int = 0  # handle keys read that some allocation names (fewer: some are missing)
     value_budget: int = 0  # bytes of gone hosts' endpoint values still to keep
+    # Gone hosts a plan of this run will not take (plan.read_first): kept as their Nodes, per-node
+    # keys and affinities only, like a live host's, with none of their endpoints, handles or blocks.
+    partial: frozenset[str] = frozenset()
     identities: dict[str, CalicoHost] = field(default_factory=dict)  # parsed Nodes (identify)
 
     def problem(self, kind: str, key: str, message: str) -> None:
@@ -602,7 +605,7 @@ def _collect_handles(collected: Collected, entries: Iterable[tuple[str, int, str
     a handle that counts other than what the blocks hold (stale, or holding nothing), or counts
     an allocation that no live host owns, or is the tunnel handle of a host that is not live.
     Every block has been read by now (the handles follow the blocks in one scan, IPAM_GROUPS)."""
-    live = collected.live
+    live, partial = collected.live, collected.partial
     if live is None:
         for key, revision, value in entries:
             collected.handles[key[len(HANDLES) :]] = IpamHandle(StoredItem(key, revision, value), key[len(HANDLES) :])
@@ -616,7 +619,7 @@ def _collect_handles(collected: Collected, entries: Iterable[tuple[str, int, str
         named += counted
         if exact or (counted and _counts_what_is_held(held, handle_id, value)):
             node = tunnel_handle_node(handle_id) if handle_id.startswith(TUNNEL_HANDLE_PREFIXES) else None
-            if handle_id not in wanted and (node is None or live(node)):
+            if handle_id not in wanted and (node is None or live(node) or node in partial):
                 continue  # a live pod's, as nearly every handle is: no plan writes it
         collected.handles[handle_id] = IpamHandle(StoredItem(key, revision, value), handle_id)
     collected.named_read += named
@@ -633,7 +636,7 @@ def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int,
     value too, within the read's budget (ORPHAN_VALUE_BYTES); before the Kubernetes names are
     known none does (100,000 endpoints would hold ~75 MB). A page at a time: there are 20
     endpoints to a host, and a call per endpoint was a fifth of their filing."""
-    live, endpoints = collected.live, collected.endpoints
+    live, endpoints, partial = collected.live, collected.endpoints, collected.partial
     held: list[str] = []  # the IPs of the page's endpoints, for the block scan
     slashes = WORKLOAD_ENDPOINTS.count("/") + 1  # <namespace>/<name>
     for key, revision, value in entries:
@@ -651,8 +654,8 @@ def _collect_endpoints(collected: Collected, entries: Iterable[tuple[bytes, int,
         kept: str | None = None  # without it, an apply fetches the value (apply.with_befores)
         if live is not None:
             held += ips  # all the leak check needs of an endpoint
-            if live(node):
-                continue  # a live host's: never planned
+            if live(node) or node in partial:
+                continue  # a live host's, or one not planned this run
             if len(value) <= collected.value_budget:
                 collected.value_budget -= len(value)
                 kept = value if isinstance(value, str) else _text(value)
@@ -727,7 +730,11 @@ def scanning(collected: Collected) -> BlockScan:
     """The block scan of a read that knows which hosts are live (IPAM_GROUPS)."""
     if collected.scan is None:
         collected.scan = BlockScan(
-            collected.k8s_names, owner_live=collected.live, parse_ip=ip_number, defer_unowned=True
+            collected.k8s_names,
+            owner_live=collected.live,
+            parse_ip=ip_number,
+            defer_unowned=True,
+            partial=collected.partial,
         )
     return collected.scan
 
@@ -836,6 +843,24 @@ def identify(collected: Collected) -> None:
     for name, node in collected.nodes.items():
         if name not in collected.identities:
             collected.identities[name] = _identity(name, node, collected)
+
+
+def left_out(collected: Collected, scope: Scope) -> frozenset[str]:
+    """The gone hosts known once the hosts' own keys are read (their Calico Nodes, per-node keys and
+    affinities) that `scope` leaves out: those a plan of this run will not take. A name first seen
+    later (an allocation's, an endpoint's) is read whole."""
+    live = collected.live
+    assert live is not None
+    names = {*collected.nodes, *collected.owned, *collected.affinities}
+    gone = [
+        replace(
+            collected.identities.get(name) or CalicoHost(name, None, None, registered=False),
+            felix_alive=name in collected.felix_alive,
+        )
+        for name in sorted(names)
+        if not live(name)
+    ]
+    return frozenset(host.name for host in gone) - scope(gone)
 
 
 def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Callable[[str], bool]:
@@ -1070,8 +1095,8 @@ class EtcdV3Datastore:
             stop.set()
             sys.setswitchinterval(switch_interval)
 
-    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
-        inventory = self._read(kube_names)
+    def read(self, kube_names: Callable[[], Set[str]] | None = None, scope: Scope | None = None) -> Inventory:
+        inventory = self._read(kube_names, scope)
         if not any(h.registered for h in inventory.hosts) and self._explain_empty is not None and self._explain_empty():
             raise DatastoreMismatch(
                 "the etcd v3 keyspace holds no Calico hosts but the etcd v2 keyspace does: this looks like "
@@ -1079,7 +1104,7 @@ class EtcdV3Datastore:
             )
         return inventory
 
-    def _read(self, kube_names: Callable[[], Set[str]] | None) -> Inventory:
+    def _read(self, kube_names: Callable[[], Set[str]] | None, scope: Scope | None) -> Inventory:
         """The hosts first; then the blocks and the handles beside the endpoints. Told the
         Kubernetes Node names, it keeps of live hosts only what the block scan needs
         (Collected.live, docs/design.md): memory then follows hosts and orphans, not keys."""
@@ -1127,6 +1152,8 @@ class EtcdV3Datastore:
                     for name in [n for n in {*collected.owned, *collected.affinities} if collected.live(n)]:
                         collected.owned.pop(name, None)  # a live host's: never planned
                         collected.affinities.pop(name, None)
+                    if scope is not None:
+                        collected.partial = left_out(collected, scope)
                 else:
                     starts.complete.set()  # a full read scans no block as it files it
                 for prefix, kvs in items:
@@ -1151,9 +1178,10 @@ class EtcdV3Datastore:
         revision: the blocks that may hold leaked IPs, the handles of those, and the blocks that
         a plan may edit or count in."""
         assert collected.live is not None
-        live, scan, revision = collected.live, scanning(collected), inventory.revision
+        live, scan, revision, partial = collected.live, scanning(collected), inventory.revision, collected.partial
+        planned = [host for host in inventory.hosts if not live(host.name) and host.name not in partial]
         # Allocations that name no node, at a gone host's known IPs: a plan may free them (BlockScan.unowned).
-        unowned = scan.unowned_at(ip for host in inventory.hosts if not live(host.name) for ip in host.known_ips)
+        unowned = scan.unowned_at(ip for host in planned for ip in host.known_ips)
         leaky = {c for c, bits in scan.unheld.items() if bits}
         blocks = self._with_values(inventory.blocks, leaky | set(unowned), revision)
         scan.attribute(blocks)
@@ -1165,11 +1193,11 @@ class EtcdV3Datastore:
         # The blocks a plan may edit or count in: those its handles hold IPs in (a leaked IP's
         # included) or count (ipam._held_after), those an orphan has an affinity key for; and
         # those that hold the audit's sample of allocations without a handle (dangling_blocks).
-        needed = {a.cidr for host in inventory.hosts if not live(host.name) for a in host.affinities}
+        needed = {a.cidr for host in planned for a in host.affinities}
         for handle_id, handle in handles.items():
             node = tunnel_handle_node(handle_id)
-            if node is not None and live(node):
-                continue  # a live host's: written by no plan
+            if node is not None and (live(node) or node in partial):
+                continue  # a live host's, or one not planned: written by no plan
             needed.update(scan.held.counts(handle_id))
             if scan.held.exact(handle_id, handle.item.value):
                 continue  # it counts just what the blocks hold for it: no other block to add
@@ -1185,7 +1213,7 @@ class EtcdV3Datastore:
         blocks = self._with_values(blocks, needed, revision)
         if missing:
             scan.dangling = find_dangling((b for b in blocks if b.cidr in sampled), missing)
-        return replace(inventory, blocks=blocks, handles=handles, scan=scan)
+        return replace(inventory, blocks=blocks, handles=handles, scan=scan, partial=partial)
 
     def _with_values(self, blocks: tuple[IpamBlock, ...], cidrs: Set[str], revision: int) -> tuple[IpamBlock, ...]:
         """`blocks` with the values of those in `cidrs` that were kept as summaries read again."""

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, ip_number
+from job.adapters.datastores.base import DatastoreError, DatastoreMismatch, Scope, ip_number
 from job.adapters.kube import Kube, KubeError, typed_page
 from job.config import MAX_IP_COOLDOWN_S
 from job.core.inventory import Inventory
@@ -311,7 +311,7 @@ class KddDatastore:
         value = msgspec.json.decode(obj.spec) if plural in SPEC_VALUED else _whole(obj)
         return self._stored(plural, _meta(obj.metadata), value, problems)
 
-    def read(self, kube_names: Callable[[], Set[str]] | None = None) -> Inventory:
+    def read(self, kube_names: Callable[[], Set[str]] | None = None, scope: Scope | None = None) -> Inventory:
         """Told the Kubernetes Node names, the read is lean (module docstring): of live nodes only
         what the block scan counts is kept, and of the handles only those a plan may write."""
         problems: list[DataProblem] = []
