@@ -316,10 +316,12 @@ def test_a_plan_of_a_read_that_kept_the_hosts_read_first_left_out_lean_decides_a
 
 def test_read_first_names_the_hosts_a_plan_takes_first_twice_as_many_as_it_may_delete() -> None:
     config = replace(NO_GRACE, grace_period=timedelta(hours=1), conflict_grace_period=timedelta(0), max_deletions=1)
-    k8s = (*K8S, KubeNode("new-node", ("10.0.0.9",)))
+    k8s = (*K8S, KubeNode("new-node", ("10.0.0.9",)), KubeNode("live-with-ip"))
     state = {"b-older": NOW - timedelta(days=2), "c-old": NOW - timedelta(days=1), "d-old": NOW - timedelta(days=1)}
     hosts = (
         *LIVE,
+        host("live-with-ip", ipv4="10.0.0.7"),
+        host("h-shares", ipv4="10.0.0.7"),  # shares a live host's IP: a conflict too (given the live hosts)
         host("a-new"),  # waits out its grace period
         host("b-older"),
         host("c-old"),
@@ -330,9 +332,16 @@ def test_read_first_names_the_hosts_a_plan_takes_first_twice_as_many_as_it_may_d
     )
     excluded = replace(config, exclude=("f-.*",))
     state |= {"f-excluded": NOW - timedelta(days=3), "g-felix": NOW - timedelta(days=3)}
-    assert read_first(hosts, k8s, state, NOW, excluded) == {"e-conflict", "b-older"}
+    assert read_first(hosts, k8s, state, NOW, excluded) == {"e-conflict", "h-shares"}
     assert read_first(hosts, k8s, state, NOW, replace(excluded, max_deletions=2)) == {
         "e-conflict",
+        "h-shares",
+        "b-older",
+        "c-old",
+    }
+    assert read_first(hosts, k8s, state, NOW, replace(excluded, max_deletions=3)) == {
+        "e-conflict",
+        "h-shares",
         "b-older",
         "c-old",
         "d-old",

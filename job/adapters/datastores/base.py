@@ -10,7 +10,7 @@ from job.core.inventory import Inventory
 from job.core.ipam import address_number
 from job.core.model import CalicoHost, IpamHandle, Step, StoredItem
 
-# Of the gone hosts as their Calico Nodes say (nothing filed under them yet), those a plan of this
+# Of the hosts as their Calico Nodes say (nothing filed under them yet), the gone ones a plan of this
 # run may take (plan.read_first): the flow's, given to a read that can keep the others lean.
 Scope = Callable[[Sequence[CalicoHost]], Set[str]]
 

@@ -847,20 +847,20 @@ def identify(collected: Collected) -> None:
 
 def left_out(collected: Collected, scope: Scope) -> frozenset[str]:
     """The gone hosts known once the hosts' own keys are read (their Calico Nodes, per-node keys and
-    affinities) that `scope` leaves out: those a plan of this run will not take. A name first seen
-    later (an allocation's, an endpoint's) is read whole."""
+    affinities) that `scope` leaves out: those a plan of this run will not take. It is given the
+    live hosts too, as a plan is: an orphan sharing a live host's IP is a conflict, taken first. A
+    name first seen later (an allocation's, an endpoint's) is read whole."""
     live = collected.live
     assert live is not None
-    names = {*collected.nodes, *collected.owned, *collected.affinities}
-    gone = [
+    names = sorted({*collected.nodes, *collected.owned, *collected.affinities})
+    hosts = [
         replace(
             collected.identities.get(name) or CalicoHost(name, None, None, registered=False),
             felix_alive=name in collected.felix_alive,
         )
-        for name in sorted(names)
-        if not live(name)
+        for name in names
     ]
-    return frozenset(host.name for host in gone) - scope(gone)
+    return frozenset(name for name in names if not live(name)) - scope(hosts)
 
 
 def liveness(collected: Collected, k8s_names: Set[str], config: Config) -> Callable[[str], bool]:
