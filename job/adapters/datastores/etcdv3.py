@@ -1192,8 +1192,11 @@ class EtcdV3Datastore:
             handles[item.key[len(HANDLES) :]] = IpamHandle(item, item.key[len(HANDLES) :])
         # The blocks a plan may edit or count in: those its handles hold IPs in (a leaked IP's
         # included) or count (ipam._held_after), those an orphan has an affinity key for; and
-        # those that hold the audit's sample of allocations without a handle (dangling_blocks).
+        # those that hold the audit's sample of allocations without a handle (dangling_blocks),
+        # or allocations naming no node that no endpoint holds (BlockScan.unclaimed: the audit
+        # names their handles; a gone host read lean, Inventory.partial, kept no value of its own).
         needed = {a.cidr for host in planned for a in host.affinities}
+        needed.update(cidr for cidr, bits in scan.unclaimed.items() if bits)
         for handle_id, handle in handles.items():
             node = tunnel_handle_node(handle_id)
             if node is not None and (live(node) or node in partial):
