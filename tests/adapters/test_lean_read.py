@@ -55,7 +55,7 @@ def decisions(
         "conflicts": plan.conflicts,
         "repairs": plan.repairs,
         "leaks": leak_plan.releases,
-        "audit": ipam_audit(inventory, live, scan, stale, plan.repairs, leaked, leak_plan),
+        "audit": ipam_audit(inventory, live, scan, stale, plan.repairs, leaked, leak_plan, orphans=plan.orphans),
     }
 
 
