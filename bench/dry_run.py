@@ -148,6 +148,38 @@ class EtcdCpu:
         return result, self.now() - before
 
 
+class OtherCpu:
+    """CPU seconds the rest of the machine spent while the figures were taken: all the machine's
+    busy time (/proc/stat) less this process's (the API test server's threads), its children's (the
+    job, etcdctl, kubectl; counted once waited for) and the test etcd's, if any. Ratios taken beside
+    a busy process are not comparable with those of a quiet sitting, which a table must say."""
+
+    def __init__(self, etcd: EtcdCpu | None = None) -> None:
+        self._etcd = etcd
+        self._started = time.perf_counter()
+        self._start = self._busy() - self._ours()
+
+    @staticmethod
+    def _busy() -> float:
+        fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle, iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user to steal; guests are in user
+
+    def _ours(self) -> float:
+        own = os.times()
+        etcd = self._etcd.now() if self._etcd is not None else 0.0
+        return own.user + own.system + own.children_user + own.children_system + etcd
+
+    def line(self) -> str:
+        seconds = time.perf_counter() - self._started
+        other = max(0.0, self._busy() - self._ours() - self._start)
+        return (
+            f"the rest of the machine: {other:.1f} CPU seconds in the {seconds:.0f}s the figures took "
+            f"({other / seconds:.0%} of one core of {os.cpu_count()}); a busy machine makes the ratios "
+            "not comparable with a quiet sitting's"
+        )
+
+
 def parallel_read_seconds(config: Config) -> float:
     """The same keys read the way the job reads them (prefixes side by side), parsing nothing; the
     endpoints' pages bounded by the namespaces' starts and, in few namespaces, every 50th host's
@@ -411,6 +443,7 @@ def main() -> int:
         # Runs alternate (each read, each job case) so that drifting machine load hits all alike;
         # the figures are medians, the ratios medians over medians.
         cpu = EtcdCpu(etcd)
+        others = OtherCpu(cpu)
         reads: dict[str, Callable[[], object]] = {
             "plain paged gRPC read, the job's client": lambda: raw_read_seconds(config, grpc_pages),
             "plain paged read over etcd's JSON gateway": lambda: raw_read_seconds(
@@ -435,6 +468,7 @@ def main() -> int:
                 runs[name].append(cpu.spent(lambda args=args, tree=tree: run_job(env, args, tree=tree)))
                 encoded = sum(n for key, n in kubeapi.take_encoded_bytes().items() if key.endswith(" /api/v1/pods"))
                 pod_reads[name].append((kubeapi.count("GET", POD_READS) - asked, encoded))
+        print(others.line())
         memory_goal = 150 if options.hosts <= 5000 else 200
         ctl = "etcdctl get --prefix of the same prefixes"
         floor = statistics.median(r[0] for r in read_runs[ctl])

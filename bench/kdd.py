@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from bench.dry_run import run_job, spread
+from bench.dry_run import OtherCpu, run_job, spread
 from tests.support import crds, objects
 from tests.support.kubeapi import PROTOBUF, KubeApiServer
 
@@ -614,6 +614,7 @@ def main() -> int:
         plain_bytes: list[Counter[str]] = []
         runs: dict[str, list[tuple[float, float, int, dict[str, object]]]] = {label: [] for label in variants}
         sent: dict[str, list[Counter[str]]] = {label: [] for label in variants}
+        others = OtherCpu()
         for _ in range(options.repeat):
             plain.append(encoded(server, lambda: plain_read(kubeconfig), plain_bytes))
             kubectl.append(kubectl_seconds(kubeconfig))
@@ -623,6 +624,7 @@ def main() -> int:
         server.serves_protobuf = server.serves_tables = True
         for _, _, code, report in (run for each in runs.values() for run in each):
             assert code == 0 and report["summary"]["would_delete"] == options.orphans, (code, report["summary"])  # type: ignore[index]
+        print(others.line())
         print(f"plain paged read of the same lists (page {PAGE}, JSON, nothing kept): {spread(plain)}")
         print(f"kubectl get --raw of the same lists, paged: {spread(kubectl)}")
         for label, done in runs.items():

@@ -7,6 +7,7 @@ creates, `make bench-kdd` failed at its first create and nothing said so.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ def test_bench_kdd_runs_and_its_apply_leaves_the_live_ipam_as_it_was(group: str,
         *(() if attributes else ("--no-pod-attributes",)),
     )
     assert "kubectl get --raw of the same lists, paged: median" in out
+    assert "the rest of the machine: " in out
     assert out.count("job dry run, all 2 orphans planned") == 3  # Table, no Tables, JSON only
     # Without attributes the gone nodes' pods' allocations (2 each) and their handles stay.
     left = "no block, affinity or handle names a deleted node" if attributes else "8 keys name a deleted node"
@@ -61,6 +63,7 @@ def test_bench_dry_run_runs_on_the_layout_of_many_namespaces(layout: tuple[str, 
     assert "etcdctl get --prefix of the same prefixes: median" in out
     assert "job dry run, default flags (--max-deletions 20): median" in out
     assert "job dry run, every orphan planned (--max-deletions 25): median" in out
+    assert re.search(r"the rest of the machine: \d+\.\d CPU seconds in the \d+s the figures took \(\d+% of one", out)
 
 
 @pytest.mark.parametrize(
