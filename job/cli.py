@@ -28,7 +28,7 @@ from job.adapters.health import read_health
 from job.adapters.keep import KeepError, ReportKeeper
 from job.adapters.kube import Kube, KubeError, api_client
 from job.adapters.lease import LeaseLock
-from job.adapters.report_file import write_file
+from job.adapters.report_file import write_file, write_report
 from job.adapters.retry import RetryPolicy
 from job.adapters.state import ConfigMapStateStore, FileStateStore, StateStore
 from job.config import MAX_KEPT_REPORTS, Config, ConfigError, load
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             if config.output != "json":
                 sys.stdout.write(render(document))
             elif written is None:
-                report.write(document, sys.stdout, befores)
+                write_report(document, sys.stdout, befores)
             else:  # the file's text: a dry run's before-values are fetched once, and both outputs agree
                 try:
                     with written.open() as text:
@@ -226,7 +226,7 @@ def _reports(config: Config) -> int:
         print(f"calico-gc: error: {error}", file=sys.stderr)
         return ExitCode.USAGE if error.kind == "config" else ExitCode.ERROR
     if config.output == "json":
-        report.write(document, sys.stdout)
+        write_report(document, sys.stdout)
         return ExitCode.OK
     render = render_restore if str(document.get("schema", "")).startswith("calico-gc/restore") else report.render_text
     try:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from job.adapters.kube import Kube, KubeError
+from job.adapters.report_file import json_line
 from job.adapters.retry import one_line
 from job.config import MAX_KEPT_REPORTS
 from job.core.model import ascii_number, parse_time
@@ -70,7 +71,7 @@ def _packed(report: Mapping[str, Any]) -> bytes:
     than the slot can hold is ever in memory."""
     compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # a gzip stream
     packed = bytearray()
-    for chunk in report_chunks(report, indent=None):
+    for chunk in report_chunks(report, indent=None, one_line=json_line):
         packed += compressor.compress(chunk.encode())
         if len(packed) > MAX_PARTS * PART_BYTES:
             raise KeepError(

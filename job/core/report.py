@@ -25,6 +25,10 @@ UNFINISHED_ERROR = (
 
 # Given (key, revision) pairs, the values those keys held at those revisions, where still known.
 Befores = Callable[[Sequence[tuple[str, int]]], Mapping[str, str]]
+# A report's host entry as JSON on one line (chunks); an adapter may give a faster encoder that
+# writes the same text (report_file.json_line).
+Encode = Callable[[Any], str]
+compact: Encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def timestamp(moment: datetime | None) -> str | None:
@@ -163,16 +167,17 @@ def build(record: RunRecord, finished_at: datetime, exit_code: int | None, versi
     }
 
 
-def chunks(report: Mapping[str, Any], befores: Befores | None = None, indent: int | None = 2) -> Iterator[str]:
+def chunks(
+    report: Mapping[str, Any], befores: Befores | None = None, indent: int | None = 2, one_line: Encode = compact
+) -> Iterator[str]:
     """The report as JSON text, piece by piece: what `json.dumps` gives, but that an indented
     report has each host on one line. A host carries every value it removed (megabytes, at
     hundreds of hosts), and indented JSON goes through Python's pure encoder: one line a host is
-    the C encoder's (500 planned hosts: 16 MB). Hosts are encoded a batch at a time, and a dry
-    run's before-values (which the run does not hold: at 1,500 planned hosts they are ~30 MB) are
-    fetched with `befores` for that batch only."""
+    the C encoder's (500 planned hosts: 16 MB), or `one_line`'s. Hosts are encoded a batch at a
+    time, and a dry run's before-values (which the run does not hold: at 1,500 planned hosts they
+    are ~30 MB) are fetched with `befores` for that batch only."""
     pretty = indent is not None
     encode = json.JSONEncoder(indent=indent, separators=(",", ": ") if pretty else (",", ":")).encode
-    one_line = json.JSONEncoder(separators=(",", ":")).encode
     inner = "\n" + " " * (indent or 0) if pretty else ""
     deeper = inner + inner[1:]
     colon = ": " if pretty else ":"
@@ -208,10 +213,10 @@ def _with_befores(hosts: Sequence[Mapping[str, Any]], befores: Befores | None) -
             yield {**host, "changes": changes}
 
 
-def write(report: Mapping[str, Any], out: TextIO, befores: Befores | None = None) -> None:
+def write(report: Mapping[str, Any], out: TextIO, befores: Befores | None = None, one_line: Encode = compact) -> None:
     """The JSON report to a stream, never held as one string: a report of hundreds of deleted
     hosts carries every value they had and runs to tens of megabytes."""
-    for chunk in chunks(report, befores):
+    for chunk in chunks(report, befores, one_line=one_line):
         out.write(chunk)
     out.write("\n")
     out.flush()

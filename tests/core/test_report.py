@@ -10,10 +10,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from job.adapters.datastores import etcdv3
 from job.adapters.datastores.base import Datastore
+from job.adapters.report_file import json_line
 from job.core import report
 from job.flows.run import report_befores, run
 from tests.conftest import Harness, validate_report
@@ -45,6 +48,25 @@ def test_the_streamed_report_is_the_json_of_the_document_with_a_host_a_line(
         assert text == json.dumps(document, indent=indent, separators=(",", ": "))
     else:
         assert len(lines) == len(json.dumps({**without_hosts, "hosts": [0]}, indent=indent).splitlines())
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),  # any text: lone surrogates, DEL, controls
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(JSON_VALUES)
+def test_the_fast_host_encoder_writes_what_json_writes(value: Any) -> None:
+    assert json_line(value) == json.dumps(value, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("text", ["plain", 'tab\tquote"', "\x7f", "\u00e9", "\udcff", "\U0001f600"])
+def test_the_fast_host_encoder_hands_json_the_texts_it_would_write_otherwise(text: str) -> None:
+    host = {"name": "h", "changes": [{"key": "k", "revision": 2**64, "before": text, "in_doubt": True}]}
+    assert json_line(host) == json.dumps(host, separators=(",", ":"))
 
 
 def _dry_run(harness: Harness) -> tuple[dict[str, Any], Datastore]:
