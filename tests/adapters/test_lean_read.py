@@ -280,6 +280,30 @@ def test_a_read_told_which_gone_hosts_a_plan_may_take_keeps_the_others_as_lean_a
     assert block.item.value is None and {b.cidr: b for b in whole.blocks}[block.cidr].item.value is not None
 
 
+def test_the_scope_is_told_which_gone_hosts_felix_still_reports_for(harness: Harness) -> None:
+    """A gone host whose Felix still reports is skipped by a plan (felix_alive): the scope must
+    see it so, or read_first spends a whole read on it, and a plan whose whole-read hosts are all
+    skipped reads the datastore again."""
+    scenario = s.cross_borrowing_fleet(3)
+    scenario.seed.felix("gone-0", alive=True)
+    harness.seed(scenario)
+    kube_nodes = [KubeNode(name) for name, _ in scenario.k8s_nodes]
+    config = harness.config(grace_period=timedelta(0), max_deletions=1)
+    told: dict[str, bool] = {}
+
+    def scope(hosts: Sequence[CalicoHost]) -> Set[str]:
+        told.update((host.name, host.felix_alive) for host in hosts)
+        return read_first(hosts, kube_nodes, {}, NOW, config)
+
+    store = EtcdV3Datastore(harness.config(), RetryPolicy())
+    try:
+        lean = store.read(lambda: {node.name for node in kube_nodes}, scope)
+    finally:
+        store.close()
+    assert {name for name, alive in told.items() if alive} == {"gone-0", "live-0", "live-1", "live-2"}
+    assert lean.partial == {"gone-0"}  # the two read whole are the two a plan may take
+
+
 def pod_container(host: str, pod: str) -> str:
     """The container id CalicoSeed.pod gives the pod `pod`-<index of host> of the cross-borrowing fleet."""
     index = host.rsplit("-", 1)[1]

@@ -853,13 +853,10 @@ def left_out(collected: Collected, scope: Scope) -> frozenset[str]:
     live = collected.live
     assert live is not None
     names = sorted({*collected.nodes, *collected.owned, *collected.affinities})
-    hosts = [
-        replace(
-            collected.identities.get(name) or CalicoHost(name, None, None, registered=False),
-            felix_alive=name in collected.felix_alive,
-        )
-        for name in names
-    ]
+    hosts = [collected.identities.get(name) or CalicoHost(name, None, None, registered=False) for name in names]
+    # An identity is parsed from its Node alone (felix_alive False): replaced only where Felix is
+    # (dataclasses.replace is 3 us, and there are as many hosts as Nodes).
+    hosts = [replace(h, felix_alive=True) if h.name in collected.felix_alive else h for h in hosts]
     return frozenset(name for name in names if not live(name)) - scope(hosts)
 
 
