@@ -59,6 +59,9 @@ from job.flows.apply import (
     with_befores,
 )
 
+# Decisions logged as one event per action and reason, not per host (_log_decisions).
+HELD_BACK = (Action.DEFERRED, Action.WAITING_GRACE)
+HELD_BACK_NAMED = 20
 log = structlog.get_logger("calico_gc")
 
 
@@ -647,7 +650,21 @@ def _decide(
         config.calico_node_namespaces,
     )
     record.plan, record.decisions = plan, plan.decisions
-    for decision in plan.decisions:
+    _log_decisions(plan.decisions)
+    return Decided(plan, leak_plan, sightings)
+
+
+def _log_decisions(decisions: Sequence[HostDecision]) -> None:
+    """One `decision` event a host, but for hosts held back (deferred past --max-deletions, or in
+    their grace period) with no IP conflict: one `held_back` event for each action and reason,
+    naming the first HELD_BACK_NAMED. A backlog is decided so on every run, thousands of hosts
+    (2,480 deferred of 2,500 gone: 0.1 s and 2,480 lines a run, every ten minutes); the report
+    and its table list each one."""
+    held: dict[tuple[str, str], list[str]] = {}
+    for decision in decisions:
+        if decision.action in HELD_BACK and not decision.conflict:
+            held.setdefault((str(decision.action), decision.reason), []).append(decision.host.name)
+            continue
         log.info(
             "decision",
             host=decision.host.name,
@@ -655,7 +672,14 @@ def _decide(
             reason=decision.reason,
             conflict=decision.conflict,
         )
-    return Decided(plan, leak_plan, sightings)
+    for (action, reason), names in held.items():
+        log.info(
+            "held_back",
+            action=action,
+            reason=reason,
+            hosts=len(names),
+            first=names[:HELD_BACK_NAMED],
+        )
 
 
 def _apply(

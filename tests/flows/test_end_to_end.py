@@ -7,7 +7,9 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from structlog.testing import capture_logs
 
+from job.flows import run as run_module
 from tests.adapters.test_kubeapi_server import call
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
@@ -129,6 +131,39 @@ def test_max_deletions_defers_the_rest_conflict_first(harness: Harness) -> None:
     assert hosts[s.CONFLICT_ORPHAN]["action"] == "deleted"
     assert hosts[s.POD_ORPHAN]["action"] == "deferred"
     assert any(s.POD_ORPHAN in k for k in harness.dump())
+
+
+def test_hosts_held_back_are_logged_together_and_the_others_each_on_a_line(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog is decided on every run: each deferred or waiting host on a line of its own was
+    most of a run's log. Those go in one `held_back` event for each action and reason, naming the
+    first few; a host to delete, one skipped, and one in an IP conflict (waiting or not) keep
+    their own `decision` line."""
+    monkeypatch.setattr(run_module, "HELD_BACK_NAMED", 3)
+    harness.seed(s.cross_borrowing_fleet(6))
+    with capture_logs() as logs:
+        _, code = harness.run(harness.config(max_deletions=1, max_orphan_fraction=1.0))
+    assert code == 0
+    assert [(e["host"], e["action"]) for e in logs if e["event"] == "decision"] == [("gone-0", "would_delete")]
+    held = [{k: e[k] for k in ("action", "reason", "hosts", "first")} for e in logs if e["event"] == "held_back"]
+    assert held == [
+        {"action": "deferred", "reason": "max_deletions", "hosts": 5, "first": ["gone-1", "gone-2", "gone-3"]}
+    ]
+
+
+def test_an_orphan_in_an_ip_conflict_keeps_its_own_line_while_it_waits(harness: Harness) -> None:
+    harness.seed(s.kops_cluster())  # the renamed node's orphan waits in the conflict grace period
+    with capture_logs() as logs:
+        _, code = harness.run(harness.config(grace_period=timedelta(hours=1), conflict_grace_period=timedelta(hours=1)))
+    assert code == 0
+    lines = {e["host"]: (e["action"], e["reason"]) for e in logs if e["event"] == "decision"}
+    assert lines == {
+        s.CONFLICT_ORPHAN: ("waiting_grace", "conflict_grace_period"),
+        s.UNREFERENCED: ("skipped", "no_k8s_orchref"),
+    }
+    held = [(e["action"], e["reason"], e["first"]) for e in logs if e["event"] == "held_back"]
+    assert held == [("waiting_grace", "grace_period", [s.POD_ORPHAN])]
 
 
 @pytest.mark.parametrize("skipped", [0, 2])
