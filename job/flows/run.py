@@ -658,7 +658,7 @@ def _log_decisions(decisions: Sequence[HostDecision]) -> None:
     """One `decision` event a host, but for hosts held back (deferred past --max-deletions, or in
     their grace period) with no IP conflict: one `held_back` event for each action and reason,
     naming the first HELD_BACK_NAMED. A backlog is decided so on every run, thousands of hosts
-    (2,480 deferred of 2,500 gone: 0.1 s and 2,480 lines a run, every ten minutes); the report
+    (2,480 deferred of 2,500 gone: 2,480 lines and 0.26 s a run, every ten minutes); the report
     and its table list each one."""
     held: dict[tuple[str, str], list[str]] = {}
     for decision in decisions:
