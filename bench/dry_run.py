@@ -292,6 +292,7 @@ def cluster(
     finally:
         kubeapi.stop()
         etcd.close()
+        shutil.rmtree(workdir, ignore_errors=True)  # the job's reports: tens of MB a layout
 
 
 def main() -> int:

@@ -26,6 +26,7 @@ import gc
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -681,6 +682,7 @@ def main() -> int:
         )
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # the job's reports and logs
     return 0
 
 

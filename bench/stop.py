@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -89,6 +90,7 @@ def main() -> int:
         holding.close()
         kubeapi.stop()
         etcd.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
