@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +25,11 @@ UNFINISHED_ERROR = (
 
 # Given (key, revision) pairs, the values those keys held at those revisions, where still known.
 Befores = Callable[[Sequence[tuple[str, int]]], Mapping[str, str]]
+# Hosts held back with no IP conflict (deferred past --max-deletions, or in their grace period): a
+# backlog is decided so on every run, thousands of hosts. The readable summary and the logs count
+# them by action and reason and name the first HELD_BACK_NAMED; the JSON report lists each one.
+HELD_BACK = (str(Action.DEFERRED), str(Action.WAITING_GRACE))
+HELD_BACK_NAMED = 20
 # A report's host entry as JSON on one line (chunks); an adapter may give a faster encoder that
 # writes the same text (report_file.json_line).
 Encode = Callable[[Any], str]
@@ -222,6 +227,21 @@ def write(report: Mapping[str, Any], out: TextIO, befores: Befores | None = None
     out.flush()
 
 
+def held_back(hosts: Iterable[tuple[str, str, str, bool]]) -> dict[tuple[str, str], list[str]]:
+    """Of (name, action, reason, conflict), the names of hosts held back with no IP conflict, by
+    action and reason, in their order (HELD_BACK)."""
+    held: dict[tuple[str, str], list[str]] = {}
+    for name, action, reason, conflict in hosts:
+        if action in HELD_BACK and not conflict:
+            held.setdefault((action, reason), []).append(name)
+    return held
+
+
+def first_named(names: Sequence[str]) -> list[str]:
+    """The names a summary of held-back hosts shows."""
+    return list(names[:HELD_BACK_NAMED])
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report for a person: what was (or would be) done to each host, what held the run
     back, what failed, and the network findings with their next step. `--output json` and
@@ -233,15 +253,24 @@ def render_text(report: dict[str, Any]) -> str:
         f"{', '.join(datastore.get('endpoints') or []) or '?'}"
     )
     conflicts = {c["orphan"]: c for c in report["conflicts"] if c["orphan"]}
-    if report["hosts"]:
-        width = max(len(h["name"]) for h in report["hosts"])
+    held = held_back([(h["name"], h["action"], h["reason"], h["conflict"]) for h in report["hosts"]])
+    summed = {name for names in held.values() for name in names}
+    shown = [h for h in report["hosts"] if h["name"] not in summed]
+    if shown:
+        width = max(len(h["name"]) for h in shown)
         lines += ["", f"{'HOST':<{width}}  {'ACTION':<13}  {'REASON':<22}  KEYS  NOTE"]
-        for host in report["hosts"]:
+        for host in shown:
             conflict = conflicts.get(host["name"])
             note = f"holds {conflict['ip']}, needed by {conflict['blocks']}" if conflict else host.get("error") or ""
             keys = str(len(host["changes"])) if host["changes"] else "-"
             row = f"{host['name']:<{width}}  {host['action']:<13}  {host['reason']:<22}  {keys:>4}  {note}"
             lines.append(row.rstrip())
+    if held:
+        lines.append("")
+    for (action, reason), names in held.items():
+        shown_names = first_named(names)
+        more = f" and {len(names) - len(shown_names)} more" if len(names) > len(shown_names) else ""
+        lines.append(f"{len(names)} {action} ({reason}): {', '.join(shown_names)}{more}")
     for guard in report["guards"]:
         lines.append(f"held back by {guard['name']}: {guard['message']}")
     for error in report["errors"]:

@@ -46,7 +46,16 @@ from job.core.model import (
     Step,
 )
 from job.core.plan import HANDLE_REPAIRED, plan_run, read_first
-from job.core.report import UNFINISHED, Befores, RunRecord, build, in_progress, unfinished
+from job.core.report import (
+    UNFINISHED,
+    Befores,
+    RunRecord,
+    build,
+    first_named,
+    held_back,
+    in_progress,
+    unfinished,
+)
 from job.core.scan import BlockScan, scan_blocks
 from job.flows.apply import (
     NodeChecker,
@@ -59,9 +68,6 @@ from job.flows.apply import (
     with_befores,
 )
 
-# Decisions logged as one event per action and reason, not per host (_log_decisions).
-HELD_BACK = (Action.DEFERRED, Action.WAITING_GRACE)
-HELD_BACK_NAMED = 20
 log = structlog.get_logger("calico_gc")
 
 
@@ -657,13 +663,12 @@ def _decide(
 def _log_decisions(decisions: Sequence[HostDecision]) -> None:
     """One `decision` event a host, but for hosts held back (deferred past --max-deletions, or in
     their grace period) with no IP conflict: one `held_back` event for each action and reason,
-    naming the first HELD_BACK_NAMED. A backlog is decided so on every run, thousands of hosts
-    (2,480 deferred of 2,500 gone: 2,480 lines and 0.26 s a run, every ten minutes); the report
-    and its table list each one."""
-    held: dict[tuple[str, str], list[str]] = {}
+    naming the first few (report.first_named). A backlog is decided so on every run (2,480 deferred
+    of 2,500 gone: 2,480 lines and 0.26 s a run, every ten minutes); the JSON report lists each."""
+    held = held_back((d.host.name, str(d.action), d.reason, d.conflict) for d in decisions)
+    summed = {name for names in held.values() for name in names}
     for decision in decisions:
-        if decision.action in HELD_BACK and not decision.conflict:
-            held.setdefault((str(decision.action), decision.reason), []).append(decision.host.name)
+        if decision.host.name in summed:
             continue
         log.info(
             "decision",
@@ -678,7 +683,7 @@ def _log_decisions(decisions: Sequence[HostDecision]) -> None:
             action=action,
             reason=reason,
             hosts=len(names),
-            first=names[:HELD_BACK_NAMED],
+            first=first_named(names),
         )
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from structlog.testing import capture_logs
 
-from job.flows import run as run_module
+from job.core import report as report_module
 from tests.adapters.test_kubeapi_server import call
 from tests.conftest import Harness, hosts_by_name
 from tests.support import calico
@@ -140,11 +140,16 @@ def test_hosts_held_back_are_logged_together_and_the_others_each_on_a_line(
     most of a run's log. Those go in one `held_back` event for each action and reason, naming the
     first few; a host to delete, one skipped, and one in an IP conflict (waiting or not) keep
     their own `decision` line."""
-    monkeypatch.setattr(run_module, "HELD_BACK_NAMED", 3)
+    monkeypatch.setattr(report_module, "HELD_BACK_NAMED", 3)
     harness.seed(s.cross_borrowing_fleet(6))
     with capture_logs() as logs:
-        _, code = harness.run(harness.config(max_deletions=1, max_orphan_fraction=1.0))
+        report, code = harness.run(harness.config(max_deletions=1, max_orphan_fraction=1.0))
     assert code == 0
+    # The readable summary: a row for the host to delete, one line for the five deferred.
+    text = report_module.render_text(report).splitlines()
+    assert [line.split()[:2] for line in text if line.startswith("gone-")] == [["gone-0", "would_delete"]]
+    assert "5 deferred (max_deletions): gone-1, gone-2, gone-3 and 2 more" in text
+    assert len(report["hosts"]) == 6  # the JSON report lists each
     assert [(e["host"], e["action"]) for e in logs if e["event"] == "decision"] == [("gone-0", "would_delete")]
     held = [{k: e[k] for k in ("action", "reason", "hosts", "first")} for e in logs if e["event"] == "held_back"]
     assert held == [
@@ -155,7 +160,9 @@ def test_hosts_held_back_are_logged_together_and_the_others_each_on_a_line(
 def test_an_orphan_in_an_ip_conflict_keeps_its_own_line_while_it_waits(harness: Harness) -> None:
     harness.seed(s.kops_cluster())  # the renamed node's orphan waits in the conflict grace period
     with capture_logs() as logs:
-        _, code = harness.run(harness.config(grace_period=timedelta(hours=1), conflict_grace_period=timedelta(hours=1)))
+        report, code = harness.run(
+            harness.config(grace_period=timedelta(hours=1), conflict_grace_period=timedelta(hours=1))
+        )
     assert code == 0
     lines = {e["host"]: (e["action"], e["reason"]) for e in logs if e["event"] == "decision"}
     assert lines == {
@@ -164,6 +171,9 @@ def test_an_orphan_in_an_ip_conflict_keeps_its_own_line_while_it_waits(harness: 
     }
     held = [(e["action"], e["reason"], e["first"]) for e in logs if e["event"] == "held_back"]
     assert held == [("waiting_grace", "grace_period", [s.POD_ORPHAN])]
+    text = report_module.render_text(report)
+    assert f"1 waiting_grace (grace_period): {s.POD_ORPHAN}" in text.splitlines()
+    assert any(line.startswith(s.CONFLICT_ORPHAN) and "holds 10.0.1.13" in line for line in text.splitlines())
 
 
 @pytest.mark.parametrize("skipped", [0, 2])
