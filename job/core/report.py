@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO, TypeVar
 
 from job.config import Config, format_duration
 from job.core.model import Action, DataProblem, HostDecision, Plan, Step, Write
@@ -23,6 +23,7 @@ UNFINISHED_ERROR = (
     "been done; a restore of this report reads what is there, and the next run finishes the host"
 )
 
+T = TypeVar("T")
 # Given (key, revision) pairs, the values those keys held at those revisions, where still known.
 Befores = Callable[[Sequence[tuple[str, int]]], Mapping[str, str]]
 # Hosts held back with no IP conflict (deferred past --max-deletions, or in their grace period): a
@@ -227,19 +228,28 @@ def write(report: Mapping[str, Any], out: TextIO, befores: Befores | None = None
     out.flush()
 
 
-def held_back(hosts: Iterable[tuple[str, str, str, bool]]) -> dict[tuple[str, str], list[str]]:
-    """Of (name, action, reason, conflict), the names of hosts held back with no IP conflict, by
-    action and reason, in their order (HELD_BACK)."""
+class HeldBack(NamedTuple):
+    """Hosts held back alike, summed: their action and reason, how many, the first names."""
+
+    action: str
+    reason: str
+    hosts: int
+    first: list[str]
+
+
+def held_back(hosts: Iterable[T], fields: Callable[[T], tuple[str, str, str, bool]]) -> tuple[list[T], list[HeldBack]]:
+    """`hosts` but those held back with no IP conflict (HELD_BACK), in their order; and those,
+    summed by action and reason, naming the first HELD_BACK_NAMED. `fields` gives a host's name,
+    action, reason and whether it is in an IP conflict."""
+    others: list[T] = []
     held: dict[tuple[str, str], list[str]] = {}
-    for name, action, reason, conflict in hosts:
+    for host in hosts:
+        name, action, reason, conflict = fields(host)
         if action in HELD_BACK and not conflict:
             held.setdefault((action, reason), []).append(name)
-    return held
-
-
-def first_named(names: Sequence[str]) -> list[str]:
-    """The names a summary of held-back hosts shows."""
-    return list(names[:HELD_BACK_NAMED])
+        else:
+            others.append(host)
+    return others, [HeldBack(a, r, len(names), names[:HELD_BACK_NAMED]) for (a, r), names in held.items()]
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -253,9 +263,7 @@ def render_text(report: dict[str, Any]) -> str:
         f"{', '.join(datastore.get('endpoints') or []) or '?'}"
     )
     conflicts = {c["orphan"]: c for c in report["conflicts"] if c["orphan"]}
-    held = held_back([(h["name"], h["action"], h["reason"], h["conflict"]) for h in report["hosts"]])
-    summed = {name for names in held.values() for name in names}
-    shown = [h for h in report["hosts"] if h["name"] not in summed]
+    shown, held = held_back(report["hosts"], lambda h: (h["name"], h["action"], h["reason"], h["conflict"]))
     if shown:
         width = max(len(h["name"]) for h in shown)
         lines += ["", f"{'HOST':<{width}}  {'ACTION':<13}  {'REASON':<22}  KEYS  NOTE"]
@@ -267,10 +275,9 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(row.rstrip())
     if held:
         lines.append("")
-    for (action, reason), names in held.items():
-        shown_names = first_named(names)
-        more = f" and {len(names) - len(shown_names)} more" if len(names) > len(shown_names) else ""
-        lines.append(f"{len(names)} {action} ({reason}): {', '.join(shown_names)}{more}")
+    for group in held:
+        more = f" and {group.hosts - len(group.first)} more" if group.hosts > len(group.first) else ""
+        lines.append(f"{group.hosts} {group.action} ({group.reason}): {', '.join(group.first)}{more}")
     for guard in report["guards"]:
         lines.append(f"held back by {guard['name']}: {guard['message']}")
     for error in report["errors"]:

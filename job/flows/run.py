@@ -51,7 +51,6 @@ from job.core.report import (
     Befores,
     RunRecord,
     build,
-    first_named,
     held_back,
     in_progress,
     unfinished,
@@ -663,13 +662,10 @@ def _decide(
 def _log_decisions(decisions: Sequence[HostDecision]) -> None:
     """One `decision` event a host, but for hosts held back (deferred past --max-deletions, or in
     their grace period) with no IP conflict: one `held_back` event for each action and reason,
-    naming the first few (report.first_named). A backlog is decided so on every run (2,480 deferred
+    naming the first few (report.held_back). A backlog is decided so on every run (2,480 deferred
     of 2,500 gone: 2,480 lines and 0.26 s a run, every ten minutes); the JSON report lists each."""
-    held = held_back((d.host.name, str(d.action), d.reason, d.conflict) for d in decisions)
-    summed = {name for names in held.values() for name in names}
-    for decision in decisions:
-        if decision.host.name in summed:
-            continue
+    shown, held = held_back(decisions, lambda d: (d.host.name, str(d.action), d.reason, d.conflict))
+    for decision in shown:
         log.info(
             "decision",
             host=decision.host.name,
@@ -677,14 +673,8 @@ def _log_decisions(decisions: Sequence[HostDecision]) -> None:
             reason=decision.reason,
             conflict=decision.conflict,
         )
-    for (action, reason), names in held.items():
-        log.info(
-            "held_back",
-            action=action,
-            reason=reason,
-            hosts=len(names),
-            first=first_named(names),
-        )
+    for group in held:
+        log.info("held_back", **group._asdict())
 
 
 def _apply(
