@@ -395,10 +395,16 @@ def handle_problem(handle: object) -> str | None:
 
 def held_by(block: Mapping[str, Any] | None, handle_id: str) -> int:
     """How many allocations `block` still holds for `handle_id` (0 for a deleted block)."""
+    return holdings(block)[handle_id]
+
+
+def holdings(block: Mapping[str, Any] | None) -> Counter[object]:
+    """How many allocations `block` holds for each handle id (none for a deleted block): what a
+    plan counts once for all the handles it lowers in the block, not once a handle."""
     if block is None:
-        return 0
+        return Counter()
     attributes = block.get("attributes") or []
-    return sum(1 for i in block["allocations"] if i is not None and attributes[i].get("handle_id") == handle_id)
+    return Counter(attributes[i].get("handle_id") for i in block["allocations"] if i is not None)
 
 
 def lowered_handle(handle: Mapping[str, Any], held: Mapping[str, int | None]) -> JsonObject | None:
@@ -561,10 +567,7 @@ class IpamIndex:
 
     def owned_by(self, node: str) -> dict[str, set[int]]:
         """The ordinals allocated to `node`, by block."""
-        return {
-            cidr: {o for o, owner in self.blocks[cidr].owners.items() if owner == node}
-            for cidr in self.owned.get(node, ())
-        }
+        return {cidr: self.blocks[cidr].owners.of(node) for cidr in self.owned.get(node, ())}
 
     def locate(self, ip: str) -> tuple[str, int] | None:
         """The block holding `ip` and its ordinal there, if any block does."""
@@ -594,15 +597,30 @@ class IpamRelease:
     cooling: tuple[str, ...] = ()  # the host's blocks that keep its affinity while their addresses cool
 
 
-def _host_ordinals(host: CalicoHost, index: IpamIndex) -> tuple[dict[str, set[int]], list[tuple[str, str]]]:
+def _parsed(block: IpamBlock, parsed: dict[str, JsonObject]) -> JsonObject:
+    """A block's JSON, parsed once for one host's plan, which reads it in several places. Never
+    changed in place: release and without_affinity change copies."""
+    data = parsed.get(block.cidr)
+    if data is None:
+        data = parsed[block.cidr] = block_data(block)
+    return data
+
+
+def _host_ordinals(
+    host: CalicoHost, index: IpamIndex, parsed: dict[str, JsonObject]
+) -> tuple[dict[str, set[int]], list[tuple[str, str]]]:
     """Ordinals to free: owned by the host, by its tunnel handles, or at its known IPs; and the
     host's addresses that stay (index.keep), as (ip, why).
 
     An IP found only through a stale endpoint is freed only when its allocation names no
-    other node: it may have been handed to a live pod since.
+    other node: it may have been handed to a live pod since. A known IP among the host's own
+    allocations is one of them already, and is not looked up again.
     """
     targets = index.owned_by(host.name)
+    own = {at(ordinal) for cidr, ordinals in targets.items() for at in (address_in(cidr),) for ordinal in ordinals}
     for ip in host.known_ips:
+        if ip in own:
+            continue
         located = index.locate(ip)
         if located is None:
             continue
@@ -613,7 +631,7 @@ def _host_ordinals(host: CalicoHost, index: IpamIndex) -> tuple[dict[str, set[in
     kept: list[tuple[str, str]] = []
     if index.keep is not None:
         for cidr, ordinals in targets.items():
-            data = block_data(index.blocks[cidr])
+            data = _parsed(index.blocks[cidr], parsed)
             for ordinal in sorted(ordinals):
                 why = index.keep.reason(attribute_at(data, ordinal))
                 if why is not None:
@@ -647,7 +665,12 @@ class _BlockEdit:
 
 
 def _edit_block(
-    cidr: str, host: CalicoHost, index: IpamIndex, ordinals: set[int], affinity: Write | None
+    cidr: str,
+    host: CalicoHost,
+    index: IpamIndex,
+    ordinals: set[int],
+    affinity: Write | None,
+    parsed: dict[str, JsonObject],
 ) -> tuple[_BlockEdit, Counter[str]]:
     """Free `ordinals` in the block and drop the host's claim on it (docs/calico-data.md)."""
     block = index.blocks.get(cidr)
@@ -657,7 +680,7 @@ def _edit_block(
     after: JsonObject | None = None
     cooling = False
     if block is not None:
-        data = after = block_data(block)
+        data = after = _parsed(block, parsed)
         owned = affinity_host(data) == host.name
         holds = index.cooldown is not None and index.cooldown.seconds > 0  # a release puts addresses in cooldown
         if ordinals:
@@ -666,11 +689,11 @@ def _edit_block(
             if index.cooldown is not None and (not goes or (owned and holds)):
                 # A block that stays, or the host's own under a cooldown: its addresses are released
                 # as Calico releases them (cooldown), and what has cooled is freed.
-                data, freed = release(block_data(block), ordinals, index.cooldown)
+                data, freed = release(_parsed(block, parsed), ordinals, index.cooldown)
             after = data
             actions.append(f"release {sum(freed.values())} IPs")
         elif owned and index.cooldown is not None:
-            data = block_data(block)  # what has cooled, freed in a copy: written only if the block goes
+            data = dict(_parsed(block, parsed))  # what has cooled, freed in a copy: written only if the block goes
             collect_cooled(data, index.cooldown)
         if owned:
             if is_empty(data):
@@ -713,15 +736,15 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
     affinities = {affinity.cidr: affinity for affinity in host.affinities}
     if any(index.in_malformed_block(ip) for ip in host.known_ips) or (index.malformed_affinity(affinities)):
         return IpamRelease(problem="an IPAM block of this host could not be parsed")
-    targets, kept = _host_ordinals(host, index)
+    parsed: dict[str, JsonObject] = {}
+    targets, kept = _host_ordinals(host, index, parsed)
     edits: dict[str, _BlockEdit] = {}
     cooling: list[str] = []
     first_freed_in: dict[str, str | None] = {}  # handle -> the block step that writes it
     for cidr in sorted(set(targets) | set(index.affine.get(host.name, ())) | set(affinities)):
         affinity = affinities.get(cidr)
-        edit, freed = _edit_block(
-            cidr, host, index, targets.get(cidr, set()), None if affinity is None else _write(affinity.item, None)
-        )
+        unclaim = None if affinity is None else _write(affinity.item, None)
+        edit, freed = _edit_block(cidr, host, index, targets.get(cidr, set()), unclaim, parsed)
         if edit.writes:
             edits[cidr] = edit
         if edit.cooling:
@@ -731,6 +754,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
     for prefix in TUNNEL_HANDLE_PREFIXES:
         first_freed_in.setdefault(prefix + host.name, None)
     handle_writes: dict[str | None, list[Write]] = defaultdict(list)
+    counted: dict[str, Counter[object]] = {}  # a block's holdings once the plan is done, for each handle
     for handle_id, step_cidr in first_freed_in.items():
         handle = index.handles.get(handle_id)
         if handle is None:
@@ -739,7 +763,7 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         problem = "not valid JSON" if data is None else handle_problem(data)
         if problem is not None:
             return IpamRelease(problem=f"IPAM handle {handle.item.key}: {problem}")
-        held = {key: _held_after(key, handle_id, edits, index) for key in data.get("block") or {}}
+        held = {key: _held_after(key, handle_id, edits, index, counted, parsed) for key in data.get("block") or {}}
         lowered = lowered_handle(data, held)
         if lowered != data:
             handle_writes[step_cidr].append(_write(handle.item, lowered))
@@ -751,17 +775,28 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
     return IpamRelease(tuple(steps), kept=tuple(kept), cooling=tuple(cooling))
 
 
-def _held_after(key: str, handle_id: str, edits: Mapping[str, _BlockEdit], index: IpamIndex) -> int | None:
-    """What block `key` (a handle's cidr key) holds for the handle once the plan is done."""
+def _held_after(
+    key: str,
+    handle_id: str,
+    edits: Mapping[str, _BlockEdit],
+    index: IpamIndex,
+    counted: dict[str, Counter[object]],
+    parsed: dict[str, JsonObject],
+) -> int | None:
+    """What block `key` (a handle's cidr key) holds for the handle once the plan is done; each
+    block is counted once into `counted`, for the host's other handles."""
     cidr = normal_cidr(key)
     if cidr is None:
         return None
-    if cidr in edits:
-        return held_by(edits[cidr].after, handle_id)
-    block = index.blocks.get(cidr)
-    if block is not None:
-        return held_by(block_data(block), handle_id)
-    return None if ipaddress.ip_network(cidr) in index.malformed_networks else 0
+    if cidr not in counted:
+        block = index.blocks.get(cidr)
+        if cidr in edits:
+            counted[cidr] = holdings(edits[cidr].after)
+        elif block is not None:
+            counted[cidr] = holdings(_parsed(block, parsed))
+        else:
+            return None if ipaddress.ip_network(cidr) in index.malformed_networks else 0
+    return counted[cidr][handle_id]
 
 
 def _steps(purpose: str, first: list[Write], then: list[Write]) -> list[Step]:

@@ -400,7 +400,7 @@ def plan_handle_repairs(
     """Lower each stale handle to what its blocks hold, once it has been seen stale, unchanged,
     in an earlier run at least HANDLE_MIN_AGE ago; counts are never raised. Handles a host of
     this run writes anyway are left to it. At most --max-deletions repairs per run."""
-    busy = {w.key for d in decisions for step in d.steps for w in step.writes}
+    busy = {w.key for d in decisions for step in d.steps for w in step.writes} if stale else set()
     repairs: list[HandleRepair] = []
     sightings: dict[str, datetime] = {}
     taken = 0

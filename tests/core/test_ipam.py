@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from etcd3.etcdrpc.kv_pb2 import KeyValue
+from hypothesis import given
+from hypothesis import strategies as st
 
 from job.adapters.datastores.base import ip_number
 from job.adapters.datastores.etcdv3 import (
@@ -38,7 +40,7 @@ from job.core.ipam import (
     summarize_block,
     without_affinity,
 )
-from job.core.model import StoredItem
+from job.core.model import Owners, StoredItem
 from job.core.plan import build_index, host_steps
 from job.core.scan import BlockScan
 from tests.support.calico import CalicoSeed
@@ -497,6 +499,19 @@ def test_block_owners_read_as_the_plain_mapping_they_replace() -> None:
     assert owners.nodes() == {"mine"} and summarize_block({**block, "affinity": None})[1].nodes() == {"mine"}
     with pytest.raises(KeyError):
         owners[-1]
+    assert owners.of("mine") == {1, 9, 40} and owners.of("other") == set()
+
+
+@given(
+    st.sampled_from(["a", "b", None]),
+    st.integers(0, 2**64 - 1),
+    st.none() | st.dictionaries(st.integers(0, 70), st.sampled_from(["a", "b", "c", None]), max_size=8),
+)
+def test_owners_of_a_node_are_the_ordinals_the_mapping_gives_it(host: str | None, bits: int, others: Any) -> None:
+    """Owners.of reads the bits and the exceptions directly: the same as asking each ordinal."""
+    owners = Owners(host, bits, others)
+    for node in ("a", "b", "c"):
+        assert owners.of(node) == {o for o, n in owners.items() if n == node}
 
 
 def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> None:
