@@ -755,12 +755,16 @@ def plan_release(host: CalicoHost, index: IpamIndex) -> IpamRelease:
         first_freed_in.setdefault(prefix + host.name, None)
     handle_writes: dict[str | None, list[Write]] = defaultdict(list)
     counted: dict[str, Counter[object]] = {}  # a block's holdings once the plan is done, for each handle
+    read: dict[str, tuple[Any, str | None]] = {}  # a host's pods' handles have the same text, block by block
     for handle_id, step_cidr in first_freed_in.items():
         handle = index.handles.get(handle_id)
         if handle is None:
             continue  # a missing handle is what `calicoctl ipam check` reports; nothing to lower
-        data = parse_handle(handle.item.value or "")
-        problem = "not valid JSON" if data is None else handle_problem(data)
+        text = handle.item.value or ""
+        if text not in read:
+            data = parse_handle(text)
+            read[text] = data, "not valid JSON" if data is None else handle_problem(data)
+        data, problem = read[text]
         if problem is not None:
             return IpamRelease(problem=f"IPAM handle {handle.item.key}: {problem}")
         held = {key: _held_after(key, handle_id, edits, index, counted, parsed) for key in data.get("block") or {}}
