@@ -7,7 +7,7 @@ ARGS   ?=
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' job/__init__.py)
 IMAGE  ?= calico-gc
 
-.PHONY: help install test test-fast test-pythons test-interpreter lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges bench-crash-loop image lock clean prometheus-tools rules
+.PHONY: help install test test-fast test-pythons test-interpreter lint demo run bench bench-gateway bench-scale bench-churn bench-kdd bench-stop bench-ranges bench-crash-loop bench-plan image lock clean prometheus-tools rules
 
 help:
 	@echo "make demo   run the real job end to end on a throwaway etcd + Kubernetes API test server"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-stop  how long a run takes to end after SIGTERM while a read hangs"
 	@echo "make bench-ranges  what a paged read costs etcd: per range, per key counted, per key returned"
 	@echo "make bench-crash-loop  the 5,000-host dry run where every calico-node crash-loops (each previous log read)"
+	@echo "make bench-plan  planning each of 500 gone hosts' removal, in-process (ARGS='--job-tree DIR' beside another checkout)"
 	@echo "make lock   requirements.lock (the image's whole dependency set, with hashes)"
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -182,6 +183,10 @@ bench-ranges: $(STAMP)
 
 bench-crash-loop: $(STAMP) $(JOB_STAMP)
 	$(BENCH_ENV) $(BIN)/python -m bench.crash_loop
+
+# The plan alone, in the job's venv (the image's dependency set), where a whole run's noise hides it.
+bench-plan: $(STAMP) $(JOB_STAMP)
+	$(JOB_VENV)/bin/python -m bench.plan $(ARGS)
 
 # requirements.lock (the image's pins, with hashes) from requirements.txt; run after changing it.
 lock: $(STAMP)

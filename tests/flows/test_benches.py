@@ -73,8 +73,13 @@ def test_bench_dry_run_runs_on_the_layout_of_many_namespaces(layout: tuple[str, 
         ("stop", ("--repeat", "1"), "SIGTERM while the Kubernetes pods read hangs: ended in median"),
         ("crash_loop", ("--hosts", "40", "--orphans", "4", "--repeat", "1"), "36 calico-nodes crash-loop"),
         ("range_cost", ("--hosts", "40", "--repeat", "1"), "pages of 1000 to the prefix's end:"),
+        (
+            "plan",
+            ("--hosts", "40", "--orphans", "4", "--repeat", "1", "--rounds", "1", "--job-tree", str(ROOT)),
+            f"{ROOT}: host_steps, every orphan planned:",
+        ),
     ],
-    ids=["churn", "stop", "crash_loop", "range_cost"],
+    ids=["churn", "stop", "crash_loop", "range_cost", "plan"],
 )
 def test_the_other_benches_run(module: str, args: tuple[str, ...], line: str) -> None:
     assert line in bench(module, *args)
