@@ -617,7 +617,10 @@ def _host_ordinals(
     allocations is one of them already, and is not looked up again.
     """
     targets = index.owned_by(host.name)
-    own = {at(ordinal) for cidr, ordinals in targets.items() for at in (address_in(cidr),) for ordinal in ordinals}
+    own: set[str] = set()
+    for cidr, ordinals in targets.items():
+        at = address_in(cidr)
+        own.update(at(ordinal) for ordinal in ordinals)
     for ip in host.known_ips:
         if ip in own:
             continue
