@@ -800,11 +800,10 @@ def _held_after(
     if cidr is None:
         return None
     if cidr not in counted:
-        block = index.blocks.get(cidr)
         if cidr in edits:
             counted[cidr] = holdings(edits[cidr].after)
-        elif block is not None:
-            counted[cidr] = holdings(_parsed(block, parsed))
+        elif cidr in index.blocks:
+            counted[cidr] = holdings(_parsed(index.blocks[cidr], parsed))
         else:
             return None if ipaddress.ip_network(cidr) in index.malformed_networks else 0
     return counted[cidr][handle_id]

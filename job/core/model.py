@@ -117,8 +117,12 @@ class Owners(Mapping[int, str | None]):
             return self._host
         raise KeyError(ordinal)
 
+    def _host_ordinals(self) -> list[int]:
+        """The ordinals in the bitmask: the affine host's, but where `_others` says otherwise."""
+        return [o for o in range(self._bits.bit_length()) if self._bits >> o & 1]
+
     def __iter__(self) -> Iterator[int]:
-        ordinals = [o for o in range(self._bits.bit_length()) if self._bits >> o & 1]
+        ordinals = self._host_ordinals()
         return iter(sorted([*ordinals, *self._others]) if self._others else ordinals)
 
     def __len__(self) -> int:
@@ -127,7 +131,7 @@ class Owners(Mapping[int, str | None]):
     def of(self, node: str) -> set[int]:
         """The ordinals allocated to `node` ({o for o, n in self.items() if n == node}, without a
         lookup per ordinal: a plan asks for each host it removes)."""
-        found = {o for o in range(self._bits.bit_length()) if self._bits >> o & 1} if node == self._host else set()
+        found = set(self._host_ordinals()) if node == self._host else set()
         for ordinal, owner in (self._others or {}).items():
             if owner == node:
                 found.add(ordinal)
