@@ -16,7 +16,7 @@ help:
 	@echo "make test-pythons  the fast suite but tests/deploy on the README's other Pythons (3.12, 3.13), side by side"
 	@echo "make lint   ruff, mypy, import-linter, and checkov on the manifests, the chart and the Dockerfile"
 	@echo "make run    the job against your own cluster, dry run (ARGS='--kubeconfig ...')"
-	@echo "make bench  the 5,000-host benchmark, on three layouts of the fleet, 1,000 namespaces, hashed container ids, GKE host names, dual stack, /28 blocks, no namespace profiles, nothing naming the namespaces, no handle keys, half the hosts gone, 40 namespaces and 8 pods a host (prints its figures)"
+	@echo "make bench  the 5,000-host benchmark, on three layouts of the fleet, 1,000 namespaces, hashed container ids, GKE host names, dual stack, IPv6 alone, /28 blocks, no namespace profiles, nothing naming the namespaces, no handle keys, half the hosts gone, 40 namespaces and 8 pods a host (prints its figures)"
 	@echo "make bench-scale  the same at 15,000 hosts"
 	@echo "make bench-gateway  the 5,000-host dry run beside the last commit that spoke etcd's JSON gateway"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
@@ -150,6 +150,7 @@ bench: $(STAMP) $(JOB_STAMP)
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --pods --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --ip-families dual --repeat 3 --extra-endpoints 0
+	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --ip-families ipv6 --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --block-size 28 --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --container-ids hashed --host-names gke --no-profiles --repeat 3 --extra-endpoints 0
 	$(BENCH_ENV) $(BIN)/python -m bench.dry_run --shape namespaces --namespaces 10 --container-ids hashed --no-profiles --no-pod-attributes --repeat 3 --extra-endpoints 0
