@@ -526,6 +526,32 @@ def test_owners_of_a_node_are_the_ordinals_the_mapping_gives_it(host: str | None
         assert owners.of(node) == {o for o, n in owners.items() if n == node}
 
 
+def test_a_blocks_editors_leave_the_parsed_block_they_are_given_as_it_was() -> None:
+    """A host's plan parses each block once (ipam._parsed) and hands that one dict to the keep rule,
+    to release (with and without a cooldown), to without_affinity and to the handles' counts: each
+    must edit a copy, or a second edit of the block would start from the first one's result."""
+    import copy
+    from datetime import UTC, datetime
+
+    from job.core.ipam import collect_cooled, release
+    from job.core.model import Cooldown
+
+    block = block_with({1: ("h1", "a"), 2: ("h1", "a"), 3: ("h2", "b"), 5: ("h3", "a")})
+    block["attributes"].append({"releasedAt": "2026-11-30T11:00:00Z"})
+    block["allocations"][6] = len(block["attributes"]) - 1
+    block["unallocated"].remove(6)
+    block["sequenceNumberForAllocation"] = {str(o): 40 + o for o in (1, 2, 3, 5, 6)}
+    before = copy.deepcopy(block)
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    for cooldown in (None, Cooldown(0, now), Cooldown(600, now), Cooldown(7200, now)):
+        edited, lost = release(block, {1, 2, 5}, cooldown)
+        assert lost == {"h1": 2, "h3": 1} and edited != before
+        collect_cooled(dict(block), Cooldown(600, now))  # on a shallow copy, as _edit_block does
+    assert without_affinity(block)["affinity"] is None
+    assert holdings(block) == {"h1": 2, "h2": 1, "h3": 1, None: 1}
+    assert block == before
+
+
 def test_held_counts_by_hash_and_compares_handles_as_calico_writes_them() -> None:
     held = Held()
     for handle, cidr in (("a", "10.0.0.0/26"), ("b", "10.0.0.0/26"), ("b", "10.0.0.0/26"), ("c", "10.0.0.0/26")):
