@@ -341,21 +341,32 @@ def session_of(server: KubeApiServer) -> requests.Session:
     return session
 
 
+# The kubelet's User-Agent: the field manager of the status it reports.
+KUBELET = {"User-Agent": "kubelet/v1.36.2 (linux/amd64) kubernetes/0000000"}
+
+
 def create_all(server: KubeApiServer, objects: Iterator[tuple[str, dict[str, Any]]], workers: int = 4) -> int:
-    """POST every object (collection, body) to the server's create endpoints, `workers` at a time."""
+    """POST every object (collection, body) to the server's create endpoints, `workers` at a time.
+    A pod starts Pending there, as on a real server: its status is then written through /status
+    as its kubelet reports it (a managedFields entry of the kubelet's, as a cluster's pods have)."""
     sessions: dict[int, requests.Session] = {}
 
-    def post(entry: tuple[str, dict[str, Any]]) -> None:
+    def send(method: str, path: str, body: dict[str, Any], status: int, headers: dict[str, str]) -> dict[str, Any]:
         ident = threading.get_ident()
         if ident not in sessions:
             sessions[ident] = session_of(server)
-        session = sessions[ident]
+        headers = {"Content-Type": "application/json", **headers}
+        answer = sessions[ident].request(method, server.url + path, data=json.dumps(body), headers=headers)
+        if answer.status_code != status:
+            raise RuntimeError(f"{method} {path}: {answer.status_code} {answer.text[:200]}")
+        return answer.json()  # type: ignore[no-any-return]
+
+    def post(entry: tuple[str, dict[str, Any]]) -> None:
         collection, body = entry
-        answer = session.post(
-            server.url + collection, data=json.dumps(body), headers={"Content-Type": "application/json"}
-        )
-        if answer.status_code != 201:
-            raise RuntimeError(f"POST {collection}: {answer.status_code} {answer.text[:200]}")
+        created = send("POST", collection, body, 201, {})
+        if collection.endswith("/pods"):
+            path = f"{collection}/{created['metadata']['name']}/status"
+            send("PUT", path, {**created, "status": body["status"]}, 200, KUBELET)
 
     with ThreadPoolExecutor(workers) as pool:
         count = sum(1 for _ in pool.map(post, objects, chunksize=256))

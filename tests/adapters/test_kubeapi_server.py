@@ -41,7 +41,9 @@ def test_created_objects_get_what_the_real_server_assigns(kubeapi: KubeApiServer
     assert entry["fieldsV1"]["f:metadata"]["f:labels"]["f:app"] == {}
     same = call(kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web", {**created, "status": {"phase": "Running"}})
     assert same.json()["metadata"]["generation"] == 1, "only a spec change raises the generation"
-    assert "status" not in same.json(), "a pod's status is written through /status only"
+    assert same.json()["status"] == created["status"] == {"phase": "Pending", "qosClass": "BestEffort"}, (
+        "a pod's status is written through /status only"
+    )
     status = call(
         kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web/status", {**same.json(), "status": {"phase": "Running"}}
     )
@@ -1217,6 +1219,95 @@ def test_the_status_subresource_is_honoured_where_the_crd_declares_it(kubeapi: K
     assert stale.status_code == 409
     kubeapi.put(f"{CRD}/ipamblocks", block())
     assert call(kubeapi, "GET", f"{CRD}/ipamblocks/10-0-0-0-26/status").status_code == 404, "no status subresource"
+
+
+POD_LEVEL = {"cpu": "2", "memory": "1G"}
+ONE_GI = {"cpu": 1, "memory": "1Gi"}
+HUGE = {"cpu": "1", "memory": "1Gi", "hugepages-2Mi": "2Mi"}
+
+
+def _container(name: str, **resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": f"{name}:1", "resources": resources}
+
+
+@pytest.mark.parametrize(
+    ("containers", "pod_level", "qos"),
+    [
+        ([_container("a")], None, "BestEffort"),
+        ([_container("a", requests={"cpu": "0", "memory": 0})], None, "BestEffort"),  # zero asks for nothing
+        ([_container("a", requests={"cpu": "100m"})], None, "Burstable"),
+        # Requests default to limits: limits alone on CPU and memory are a Guaranteed pod.
+        ([_container("a", limits={"cpu": "1", "memory": "1Gi"})], None, "Guaranteed"),
+        ([_container("a", limits={"cpu": "1000m", "memory": "1073741824"}, requests=ONE_GI)], None, "Guaranteed"),
+        ([_container("a", limits={"cpu": "1", "memory": "1Gi"}, requests={"cpu": "500m"})], None, "Burstable"),
+        ([_container("a", limits={"cpu": "1"})], None, "Burstable"),  # memory unlimited
+        # Every container must limit both; hugepages and the like are not judged.
+        ([_container("a", limits=HUGE), _container("b")], None, "Burstable"),
+        ([_container("a", limits=HUGE)], None, "Guaranteed"),
+        # The pod's own resources, where it sets CPU or memory, are judged instead of its containers'.
+        ([_container("a", requests={"cpu": "1"})], {"limits": POD_LEVEL, "requests": POD_LEVEL}, "Guaranteed"),
+        ([_container("a")], {"requests": {"memory": "1e9"}}, "Burstable"),
+    ],
+)
+def test_a_pods_create_starts_it_pending_with_its_qos_class_whatever_status_was_sent(
+    kubeapi: KubeApiServer, containers: list[dict[str, Any]], pod_level: dict[str, Any] | None, qos: str
+) -> None:
+    """The pod strategy's PrepareForCreate: the status sent is dropped, and the kubelet reports
+    the rest through /status (the benches create their pods that way)."""
+    kubeapi.add_namespace("shop")
+    spec: dict[str, Any] = {"nodeName": "n1", "containers": containers}
+    if pod_level:
+        spec["resources"] = pod_level
+    sent = {"metadata": {"name": "web", "namespace": "shop"}, "spec": spec, "status": {"phase": "Running"}}
+    created = call(kubeapi, "POST", "/api/v1/namespaces/shop/pods", sent)
+    assert created.status_code == 201
+    assert created.json()["status"] == {"phase": "Pending", "qosClass": qos}
+    for container, stored in zip(containers, created.json()["spec"]["containers"], strict=True):
+        limits, requests_sent = container["resources"].get("limits", {}), container["resources"].get("requests", {})
+        assert stored["resources"].get("requests", {}) == ({**limits, **requests_sent} or requests_sent)
+
+
+def test_a_resource_quantity_the_decoder_cannot_read_is_a_400(kubeapi: KubeApiServer) -> None:
+    kubeapi.add_namespace("shop")
+    for amount in ("1.5.2", "12Xi", "m", True):
+        spec = {"containers": [_container("a", limits={"memory": amount})]}
+        answer = call(kubeapi, "POST", "/api/v1/namespaces/shop/pods", {"metadata": {"name": "web"}, "spec": spec})
+        assert answer.status_code == 400, amount
+        assert answer.json()["message"] == (
+            'Pod in version "v1" cannot be handled as a Pod: quantities must match the regular expression '
+            "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        )
+    assert kubeapi.objects.get("/api/v1/namespaces/shop/pods", {}) == {}
+
+
+def test_a_node_keeps_the_status_it_is_created_with_and_a_status_write_owns_only_the_status(
+    kubeapi: KubeApiServer,
+) -> None:
+    """A Node is registered by its kubelet with its status (nodeStrategy keeps it on create). A
+    write of `/status` is recorded as its writer's entry for that subresource alone, beside the
+    creator's, which owns all but the status."""
+    node = objects.node("n1", "10.0.0.1")
+    created = call(kubeapi, "POST", "/api/v1/nodes", node).json()
+    assert created["status"] == node["status"]
+    (creator,) = created["metadata"]["managedFields"]
+    assert "f:status" not in creator["fieldsV1"] and "subresource" not in creator
+    ready = {**created["status"], "conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
+    session = requests.Session()
+    session.trust_env = False
+    answer = session.put(
+        f"{kubeapi.url}/api/v1/nodes/n1/status",
+        data=json.dumps({**created, "status": ready}),
+        headers={**kubeapi.authorization, "User-Agent": "kubelet/v1.36.2 (linux/amd64) kubernetes/abcdef"},
+        timeout=10,
+    ).json()
+    assert answer["status"] == ready
+    by_writer = {(e["manager"], e.get("subresource")): e for e in answer["metadata"]["managedFields"]}
+    assert by_writer.keys() == {("python-requests", None), ("kubelet", "status")}
+    assert by_writer["kubelet", "status"]["fieldsV1"].keys() == {"f:status"}
+    # The creator writing the status too has an entry for each: one per manager and subresource.
+    again = call(kubeapi, "PUT", "/api/v1/nodes/n1/status", {**answer, "status": node["status"]}).json()
+    writers = {(e["manager"], e.get("subresource")) for e in again["metadata"]["managedFields"]}
+    assert writers == {("python-requests", None), ("kubelet", "status"), ("python-requests", "status")}
 
 
 @needs_crds

@@ -141,11 +141,20 @@ def fields_v1(value: Any) -> dict[str, Any]:
     return {}
 
 
-def managed_entry(obj: dict[str, Any], manager: str, operation: str, when: str) -> dict[str, Any]:
-    metadata = {k: v for k, v in obj.get("metadata", {}).items() if k not in (*SERVER_FIELDS, "name", "namespace")}
-    owned = {f"f:{k}": fields_v1(v) for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-    if metadata:
-        owned["f:metadata"] = {f"f:{k}": fields_v1(v) for k, v in metadata.items()}
+def managed_entry(
+    obj: dict[str, Any], manager: str, operation: str, when: str, subresource: str | None = None, reset: bool = False
+) -> dict[str, Any]:
+    """A writer's managedFields entry. A write of `/status` owns the status alone and says so
+    (`subresource`); with `reset`, a write of the object owns all but the status, which its
+    strategy resets (`GetResetFields`: a kind with a status subresource)."""
+    if subresource is not None:
+        owned = {f"f:{subresource}": fields_v1(obj.get(subresource))}
+    else:
+        skipped = ("apiVersion", "kind", "metadata", *(("status",) if reset else ()))
+        owned = {f"f:{k}": fields_v1(v) for k, v in obj.items() if k not in skipped}
+        metadata = {k: v for k, v in obj.get("metadata", {}).items() if k not in (*SERVER_FIELDS, "name", "namespace")}
+        if metadata:
+            owned["f:metadata"] = {f"f:{k}": fields_v1(v) for k, v in metadata.items()}
     return {
         "manager": manager,
         "operation": operation,
@@ -153,6 +162,7 @@ def managed_entry(obj: dict[str, Any], manager: str, operation: str, when: str) 
         "time": when,
         "fieldsType": "FieldsV1",
         "fieldsV1": owned,
+        **({"subresource": subresource} if subresource is not None else {}),
     }
 
 
@@ -265,7 +275,12 @@ class KubeApiServer:
     # Seeding and inspection
 
     def put(
-        self, collection: str, obj: dict[str, Any], manager: str = "calico-gc-tests", admitted: bool = False
+        self,
+        collection: str,
+        obj: dict[str, Any],
+        manager: str = "calico-gc-tests",
+        admitted: bool = False,
+        subresource: str | None = None,
     ) -> dict[str, Any]:
         """Store a created or replaced object with the metadata the real server assigns. A custom
         resource is admitted first, as through the API, and a built-in kind typed.py knows is
@@ -300,8 +315,10 @@ class KubeApiServer:
             if current is None or current.get("spec") != obj.get("spec"):
                 generation += 1
             metadata["generation"] = generation
-            entries = [e for e in old.get("managedFields") or [] if e.get("manager") != manager]
-            entry = managed_entry(obj, manager, "Update", now)
+            writer = (manager, subresource)
+            entries = [e for e in old.get("managedFields") or [] if (e.get("manager"), e.get("subresource")) != writer]
+            reset = crd.status_subresource if crd is not None else plural in STATUS_OWNED
+            entry = managed_entry(obj, manager, "Update", now, subresource, reset)
             metadata["managedFields"] = [*entries, entry]
             metadata["resourceVersion"] = self._next_revision()
             self.objects.setdefault(collection, {})[metadata["name"]] = obj
@@ -577,6 +594,10 @@ class KubeApiServer:
                 metadata.pop(server_field, None)
             if crd is not None and crd.status_subresource:
                 payload.pop("status", None)  # a custom resource's create sets no status where /status owns it
+            elif plural == "pods":
+                builtin.prepare_pod_for_create(payload)  # Pending, with its QoS class
+            elif plural in STATUS_OWNED and plural != "nodes":  # a Node is registered with its status
+                payload.pop("status", None)
             return 201, self._write(collection, payload, crd)
         if name is None:
             return 405, status_body(405, "method not allowed")
@@ -618,7 +639,7 @@ class KubeApiServer:
             for server_field in ("creationTimestamp", "generation", "managedFields", *DELETION_FIELDS):
                 payload["metadata"].pop(server_field, None)
             payload["metadata"].update({f: current["metadata"][f] for f in DELETION_FIELDS if f in current["metadata"]})
-            written = self._write(collection, payload, crd)
+            written = self._write(collection, payload, crd, "status" if status else None)
             if _emptied(written["metadata"]):
                 self._remove(collection, name)
             return 200, written
@@ -741,10 +762,12 @@ class KubeApiServer:
         details = {"name": name, "group": group, "kind": plural, "causes": [{**cause, "field": "metadata.namespace"}]}
         return status_body(403, f'{resource} "{name}" is forbidden: {message}', details)
 
-    def _write(self, collection: str, obj: dict[str, Any], crd: crds.Crd | None) -> dict[str, Any]:
+    def _write(
+        self, collection: str, obj: dict[str, Any], crd: crds.Crd | None, subresource: str | None = None
+    ) -> dict[str, Any]:
         """A write through the API: a custom resource admitted (crds.Invalid: a 422), then stored."""
         admitted = crds.admit(crd, obj, self._stored(collection, obj)) if crd else obj
-        return self.put(collection, admitted, self._manager, admitted=True)
+        return self.put(collection, admitted, self._manager, admitted=True, subresource=subresource)
 
     def _stored(self, collection: str, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The object a write of `obj` replaces, if any: the `oldSelf` of its CEL transition rules."""
@@ -811,6 +834,8 @@ class KubeApiServer:
         if crd is None:
             if problem := typed.decode_problem(plural, payload):
                 return problem
+            if plural == "pods" and (problem := builtin.pod_quantity_problem(payload)):
+                return typed.cannot_be_handled(payload, "Pod", problem)
             said, go_kind = typed.strict_errors(plural, payload, repeats), typed.go_kind(plural)
         else:
             said = [f'duplicate field "{p}"' for p in typed.repeated(payload, repeats)]
