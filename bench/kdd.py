@@ -1,6 +1,7 @@
 """`make bench-kdd`: the Kubernetes datastore at fleet size, built through the API test server's
 create endpoints as a real cluster is (every object gets uid, resourceVersion, generation and a
-managedFields entry from the server): 5,000 Nodes with 20 pods each (100,000 Pods with a
+managedFields entry from the server; a pod, which its create starts Pending, then gets its status
+through /status as its kubelet reports it): 5,000 Nodes with 20 pods each (100,000 Pods with a
 realistic spec and status, 105,000 IPAMHandles, 5,000 IPAMBlocks and BlockAffinities), then 250
 Nodes deleted, spread through the fleet.
 
