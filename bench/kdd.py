@@ -38,12 +38,16 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
 
 from bench.dry_run import OtherCpu, run_job, spread
+from bench.server_metrics import Scrape, compared
+from job.adapters.kube import KubeError
+from job.flows.run import ExitCode
 from tests.support import crds, objects
 from tests.support.kubeapi import PROTOBUF, KubeApiServer
 
@@ -561,6 +565,48 @@ def profile(env: dict[str, str], args: list[str], workdir: Path) -> None:
     print("\n".join(lines[lines.index(next(x for x in lines if "ncalls" in x)) :]) if lines else done.stderr[-2000:])
 
 
+def measure(kubeconfig: Path, repeat: int) -> int:
+    """What a dry run with every orphan planned costs the API server of `kubeconfig`, against the
+    plain read of the same lists (`lists`), as its /metrics counts them: runs alternated, each
+    between two reads of the counters. Nothing is written but the job's state file, in a
+    temporary directory."""
+    try:
+        scrape = Scrape(kubeconfig)
+        scrape.counters()
+    except KubeError as error:
+        print(f"bench.kdd: {error}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-kdd-"))
+    env = {**os.environ, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)}
+    args = [
+        "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
+        "--grace-period", "0s", "--max-deletions", "100000", "--events", "off",
+    ]  # fmt: skip
+    plain, dry, took, plain_took = [], [], [], []
+    try:
+        for _ in range(repeat):
+            seconds, cost = scrape.cost(lambda: plain_read(kubeconfig))
+            plain.append(cost)
+            plain_took.append(seconds)
+            (seconds, peak, code, report), cost = scrape.cost(lambda: run_job(env, args, workdir / "job.log"))
+            if code not in (ExitCode.OK, ExitCode.UNHEALTHY):  # an unhealthy network was read and planned all the same
+                print(
+                    f"bench.kdd: the dry run exited {code}: {(workdir / 'job.log').read_text()[-2000:]}",
+                    file=sys.stderr,
+                )
+                return 2
+            dry.append(cost)
+            took.append(seconds)
+        print(f"the API server's /metrics, {repeat} runs each, alternated:")
+        reading = f"plain paged read of the same lists (page {PAGE}, JSON, nothing kept; {spread(plain_took)})"
+        print(f"{reading}: {compared(plain)}")
+        planned = report["summary"]["would_delete"]  # type: ignore[index]
+        print(f"job dry run ({planned} orphans planned, {spread(took)}, peak {peak:.0f} MB): {compared(dry, plain)}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=5000)
@@ -573,11 +619,19 @@ def main() -> int:
     parser.add_argument(
         "--no-pod-attributes", action="store_true", help="the blocks' allocations without their secondary attributes"
     )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="measure this API server instead, its fleet as it is (Calico's CRDs of --group installed): one dry "
+        "run against the plain read, as the server's own /metrics counts them (bench/server_metrics.py)",
+    )
     options = parser.parse_args()
     global API_VERSION, AFFINITY_DELETED, CRD, ATTRIBUTED
     ATTRIBUTED = not options.no_pod_attributes
     API_VERSION, crd_file, AFFINITY_DELETED = GROUPS[options.group]
     CRD = f"/apis/{API_VERSION}"
+    if options.kubeconfig:
+        return measure(options.kubeconfig, options.repeat)
     installed = crds.calico(crd_file)
     if not installed:
         print(f"Calico's CRDs ({crd_file}) are not beside the checkout (../shared): every write is taken unchecked")
@@ -627,13 +681,23 @@ def main() -> int:
         plain_bytes: list[Counter[str]] = []
         runs: dict[str, list[tuple[float, float, int, dict[str, object]]]] = {label: [] for label in variants}
         sent: dict[str, list[Counter[str]]] = {label: [] for label in variants}
+        # The server's CPU as its /metrics says it, read outside the bytes' windows (as `--kubeconfig`
+        # measures a real server): {"plain" or a variant: each run's counters}.
+        scrape = Scrape(kubeconfig)
+        server_cost: dict[str, list[dict[str, float]]] = {"plain": [], **{label: [] for label in variants}}
         others = OtherCpu()
         for _ in range(options.repeat):
-            plain.append(encoded(server, lambda: plain_read(kubeconfig), plain_bytes))
+            took, cost = scrape.cost(lambda: encoded(server, lambda: plain_read(kubeconfig), plain_bytes))
+            plain.append(took)
+            server_cost["plain"].append(cost)
             kubectl.append(kubectl_seconds(kubeconfig))
             for label, (protobuf, tables) in variants.items():
                 server.serves_protobuf, server.serves_tables = protobuf, tables
-                runs[label].append(encoded(server, lambda: run_job(env, args, workdir / "job.log"), sent[label]))
+                run, cost = scrape.cost(
+                    partial(encoded, server, lambda: run_job(env, args, workdir / "job.log"), sent[label])
+                )
+                runs[label].append(run)
+                server_cost[label].append(cost)
         server.serves_protobuf = server.serves_tables = True
         for _, _, code, report in (run for each in runs.values() for run in each):
             assert code == 0 and report["summary"]["would_delete"] == options.orphans, (code, report["summary"])  # type: ignore[index]
@@ -657,6 +721,8 @@ def main() -> int:
                 f"  bytes the API test server encoded: {mb(sent[label])}, {ratio(sent[label], plain_bytes):.2f} of the "
                 f"plain JSON read's {mb(plain_bytes)}; by resource: {by_resource(sent[label])}"
             )
+            print(f"  the API test server's /metrics: {compared(server_cost[label], server_cost['plain'])}")
+        print(f"the plain read, as the API test server's /metrics counts it: {compared(server_cost['plain'])}")
         if options.profile:
             profile(env, args, workdir)
         base_peak = statistics.median(j[1] for j in runs[baseline])
