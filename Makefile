@@ -21,6 +21,7 @@ help:
 	@echo "make bench-gateway  the 5,000-host dry run beside the last commit that spoke etcd's JSON gateway"
 	@echo "make bench-churn  deleting 500 orphans under live CNI traffic, against the same without it"
 	@echo "make bench-kdd  the Kubernetes datastore: 5,000 nodes, 100,000 pods, dry run and apply, in v1 and v3"
+	@echo "                (.venv/bin/python -m bench.kdd --kubeconfig PATH: a real API server's own CPU and allocations)"
 	@echo "make bench-stop  how long a run takes to end after SIGTERM while a read hangs"
 	@echo "make bench-ranges  what a paged read costs etcd: per range, per key counted, per key returned"
 	@echo "make bench-crash-loop  the 5,000-host dry run where every calico-node crash-loops (each previous log read)"

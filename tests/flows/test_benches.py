@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import server_metrics
+from bench import kdd, server_metrics
 from tests.support import crds
 from tests.support.kubeapi import KubeApiServer
 
@@ -44,8 +44,8 @@ def test_bench_kdd_runs_and_its_apply_leaves_the_live_ipam_as_it_was(group: str,
     assert "the rest of the machine: " in out
     assert out.count("job dry run, all 2 orphans planned") == 3  # Table, no Tables, JSON only
     # The server's own count, as `--kubeconfig` reads a real server's: CPU, and no Go allocations here.
-    assert out.count("the API test server's /metrics: cpu median") == 3
-    assert re.search(r"the plain read, as the API test server's /metrics counts it: cpu median \d+\.\d\ds", out)
+    assert out.count(f"{kdd.OWN_CPU}: cpu median") == 4  # the three variants and the plain read
+    assert re.search(rf"the plain read, {re.escape(kdd.OWN_CPU)}: cpu median \d+\.\d\ds", out)
     assert "no go_memstats_alloc_bytes_total in its /metrics" in out
     # Without attributes the gone nodes' pods' allocations (2 each) and their handles stay.
     left = "no block, affinity or handle names a deleted node" if attributes else "8 keys name a deleted node"
@@ -55,8 +55,6 @@ def test_bench_kdd_runs_and_its_apply_leaves_the_live_ipam_as_it_was(group: str,
 def test_bench_kdd_measures_a_server_it_is_given_by_the_servers_own_metrics(tmp_path: Path) -> None:
     """`--kubeconfig`: a fleet already in a server (here the test server, through its create
     endpoints), one dry run against the plain read, as the server's /metrics counts them."""
-    from bench import kdd
-
     server = KubeApiServer(cache_lists=True, crds=crds.calico(crds.V1_FILE)).start()
     try:
         for team in kdd.TEAMS:
