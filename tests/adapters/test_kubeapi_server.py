@@ -53,6 +53,16 @@ def test_created_objects_get_what_the_real_server_assigns(kubeapi: KubeApiServer
     again = call(kubeapi, "PUT", "/api/v1/namespaces/shop/pods/web", changed).json()["metadata"]
     assert again["generation"] == 2 and again["uid"] == metadata["uid"]
     assert int(again["resourceVersion"]) > int(metadata["resourceVersion"])
+    # A kind whose strategy keeps no generation gets none: it keeps what its create sent, if any
+    # (`rest.BeforeCreate` leaves it), and an update keeps the stored one (`rest.BeforeUpdate`).
+    configmaps = "/api/v1/namespaces/shop/configmaps"
+    plain = call(kubeapi, "POST", configmaps, {"metadata": {"name": "c"}, "data": {"a": "1"}}).json()
+    changed = call(kubeapi, "PUT", f"{configmaps}/c", {**plain, "data": {"a": "2"}}).json()
+    assert "generation" not in plain["metadata"] and "generation" not in changed["metadata"]
+    sent = call(kubeapi, "POST", configmaps, {"metadata": {"name": "d", "generation": 7}, "data": {}}).json()
+    moved = {**sent, "metadata": {**sent["metadata"], "generation": 1}, "data": {"a": "2"}}
+    assert sent["metadata"]["generation"] == 7
+    assert call(kubeapi, "PUT", f"{configmaps}/d", moved).json()["metadata"]["generation"] == 7
 
 
 def test_a_request_without_the_servers_token_is_a_401_in_the_format_asked_for(kubeapi: KubeApiServer) -> None:
@@ -894,7 +904,8 @@ def test_an_object_with_finalizers_is_marked_by_a_delete_and_goes_with_its_last_
     assert marked.status_code == 200 and marked.json()["kind"] == "Node"
     metadata = marked.json()["metadata"]
     assert metadata["deletionTimestamp"] and metadata["deletionGracePeriodSeconds"] == 0
-    assert metadata["generation"] == stored["metadata"]["generation"] + 1
+    # A Node keeps no generation: markAsDeleting moves one only where there is one (a pod's: below).
+    assert "generation" not in metadata and "generation" not in stored["metadata"]
     assert call(kubeapi, "GET", "/api/v1/nodes/n1").json() == marked.json()
     assert [n["metadata"]["name"] for n in call(kubeapi, "GET", "/api/v1/nodes").json()["items"]] == ["n1"]
     assert call(kubeapi, "DELETE", "/api/v1/nodes/n1").json() == marked.json(), "nothing written again"

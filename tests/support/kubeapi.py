@@ -4,7 +4,8 @@ It serves any resource by URL shape (`/api/v1/...`, `/apis/<group>/<version>/...
 or namespaced), with the real JSON shapes: lists with `limit`/`continue` paging and 410 for an
 expired token, `Status` bodies, resourceVersion on every write and 409 on a stale one, 404 and
 AlreadyExists. Every object written gets what the real server assigns: `uid`,
-`creationTimestamp`, `resourceVersion`, `generation` (raised when its spec changes) and a
+`creationTimestamp`, `resourceVersion`, `generation` (where its kind keeps one: raised when its
+spec changes) and a
 `managedFields` entry of its writer, listing each field it set. Lists validate their options as
 the real server does (`resourceVersionMatch` needs `resourceVersion`, neither goes with
 `continue`), label selectors are read and matched as the real server reads them (job.kube_syntax; a
@@ -97,6 +98,9 @@ DELETION_FIELDS = ("deletionTimestamp", "deletionGracePeriodSeconds")
 KINDS = {"nodes": "Node", "configmaps": "ConfigMap", "leases": "Lease", "pods": "Pod"}
 # Built-in kinds with a status subresource (their status is written through `/status` only).
 STATUS_OWNED = frozenset({"pods", "nodes", "namespaces", "services", "deployments", "daemonsets", "jobs", "cronjobs"})
+# Built-in kinds whose strategy keeps a `generation` (1 on create, one on for each change of the
+# spec); custom resources all do. Nodes, ConfigMaps, Leases, Events and Namespaces have none.
+GENERATION_TRACKED = frozenset({"pods", "deployments", "daemonsets", "statefulsets", "replicasets", "jobs", "cronjobs"})
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
     r"|/apis/[^/]+/[^/]+(?:/namespaces/(?P<ns2>[^/]+))?/(?P<plural2>[a-z]+))"
@@ -312,10 +316,16 @@ class KubeApiServer:
             old = (current or {}).get("metadata") or {}
             metadata.setdefault("uid", old.get("uid") or str(uuid.uuid4()))
             metadata.setdefault("creationTimestamp", old.get("creationTimestamp") or now)
-            generation = int(old.get("generation") or 0)
-            if current is None or current.get("spec") != obj.get("spec"):
-                generation += 1
-            metadata["generation"] = generation
+            if crd is not None or plural in GENERATION_TRACKED:
+                generation = int(old.get("generation") or 0)
+                if current is None or current.get("spec") != obj.get("spec"):
+                    generation += 1
+                metadata["generation"] = generation
+            elif current is not None:  # `rest.BeforeUpdate`: the stored one, whatever was sent
+                metadata.pop("generation", None)
+                if "generation" in old:
+                    metadata["generation"] = old["generation"]
+            # else a create: what was sent, if anything (`rest.BeforeCreate` leaves it)
             writer = (manager, subresource)
             entries = [e for e in old.get("managedFields") or [] if (e.get("manager"), e.get("subresource")) != writer]
             reset = crd.status_subresource if crd is not None else plural in STATUS_OWNED
@@ -593,8 +603,10 @@ class KubeApiServer:
                 return 409, {**exists, "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it
                 return 500, status_body(500, "resourceVersion should not be set on objects to be created")
+            kept = () if crd is not None or plural in GENERATION_TRACKED else ("generation",)
             for server_field in (*SERVER_FIELDS, *DELETION_FIELDS):  # the server's, whatever was sent
-                metadata.pop(server_field, None)
+                if server_field not in kept:
+                    metadata.pop(server_field, None)
             if crd is not None and crd.status_subresource:
                 payload.pop("status", None)  # a custom resource's create sets no status where /status owns it
             elif plural == "pods":
