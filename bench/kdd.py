@@ -572,6 +572,19 @@ def profile(env: dict[str, str], args: list[str], workdir: Path) -> None:
     print("\n".join(lines[lines.index(next(x for x in lines if "ncalls" in x)) :]) if lines else done.stderr[-2000:])
 
 
+def job_run(workdir: Path, kubeconfig: Path, max_deletions: int) -> tuple[dict[str, str], list[str]]:
+    """The environment and flags of the job's run against `kubeconfig`: a dry run that plans up
+    to `max_deletions` orphans whatever share of the fleet is gone (no Lease, no Events, no grace
+    period), its state and report in `workdir`."""
+    env = {**os.environ, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)}
+    args = [
+        "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
+        "--grace-period", "0s", "--max-deletions", str(max_deletions), "--max-orphan-fraction", "1",
+        "--events", "off",
+    ]  # fmt: skip
+    return env, args
+
+
 def measure(kubeconfig: Path, repeat: int) -> int:
     """What a dry run with every orphan planned costs the API server of `kubeconfig`, against the
     plain read of the same lists (`lists`), as its /metrics counts them: runs alternated, each
@@ -584,12 +597,7 @@ def measure(kubeconfig: Path, repeat: int) -> int:
         print(f"bench.kdd: {error}", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="calico-gc-bench-kdd-"))
-    env = {**os.environ, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)}
-    # A dry run with every orphan planned, whatever share of the fleet is gone.
-    args = [
-        "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
-        "--grace-period", "0s", "--max-deletions", "100000", "--max-orphan-fraction", "1", "--events", "off",
-    ]  # fmt: skip
+    env, args = job_run(workdir, kubeconfig, 100_000)
     plain, dry, took, plain_took = [], [], [], []
     try:
         for _ in range(repeat):
@@ -669,11 +677,7 @@ def main() -> int:
         pod_bytes = len(json.dumps(next(iter(server.objects[f"/api/v1/namespaces/{TEAMS[0]}/pods"].values()))))
         print(f"one pod as served: {pod_bytes} bytes (managedFields included)")
         kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
-        env = {**os.environ, "BENCH_DIR": str(workdir), "KUBECONFIG": str(kubeconfig)}
-        args = [
-            "--datastore-type", "kubernetes", "--lock", "none", "--state-file", str(workdir / "state.json"),
-            "--grace-period", "0s", "--max-deletions", str(options.orphans), "--events", "off",
-        ]  # fmt: skip
+        env, args = job_run(workdir, kubeconfig, options.orphans)
         for path, selectors in lists():  # the core kinds' protobuf, each object encoded once, untimed
             if path.startswith("/api/"):
                 server.handle("GET", f"{path}?{urllib.parse.urlencode(selectors)}", b"", media=PROTOBUF)
@@ -742,9 +746,7 @@ def main() -> int:
             f"{spread(more, ' MB')}, {statistics.median(more) - base_peak:+.1f} MB (goal <= +10)"
         )
         before = live_state(server, gone)
-        seconds, peak, code, report = run_job(
-            env, [*args, "--apply", "--max-orphan-fraction", "1"], workdir / "apply.log"
-        )
+        seconds, peak, code, report = run_job(env, [*args, "--apply"], workdir / "apply.log")
         summary = report["summary"]
         assert code == 0 and summary["deleted"] == options.orphans, (code, summary)  # type: ignore[index]
         left = names_a_gone_node(server, gone, orphan_indexes(options.nodes, options.orphans), options.pods_per_node)

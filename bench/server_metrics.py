@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench.dry_run import spread
-from job.adapters.kube import KubeError, api_client
+from job.adapters.kube import Kube, api_client
+from job.adapters.retry import RetryPolicy
 from job.config import Config
 
 T = TypeVar("T")
@@ -22,24 +23,15 @@ COUNTERS = {"cpu": "process_cpu_seconds_total", "allocated": "go_memstats_alloc_
 
 class Scrape:
     """Reads an API server's `/metrics` with a kubeconfig's credentials (which must be allowed
-    `get` on that non-resource URL: cluster-admin is). Raises KubeError as the job's client does."""
+    `get` on that non-resource URL: cluster-admin is), through the job's own client (Kube): a
+    failure is its one-line KubeError."""
 
     def __init__(self, kubeconfig: Path) -> None:
-        self._client = api_client(Config(kubeconfig=(kubeconfig,)))
+        self._kube = Kube(api_client(Config(kubeconfig=(kubeconfig,))), RetryPolicy())
 
     def counters(self) -> dict[str, float]:
         """The COUNTERS the server reports now (one it does not report is left out)."""
-        _, url, headers, _, _ = self._client.param_serialize(
-            method="GET",
-            resource_path="/metrics",
-            header_params={"Accept": "text/plain"},
-            auth_settings=["BearerToken"],
-        )
-        answer = self._client.call_api("GET", url, header_params=headers, _request_timeout=60)
-        text = answer.read().decode("utf-8", errors="replace")
-        if answer.status != 200:
-            raise KubeError(f"GET /metrics: {answer.status} {' '.join(text.split())[:200]}")
-        return parse(text)
+        return parse(self._kube.request_bytes("GET", "/metrics", accept="text/plain").decode(errors="replace"))
 
     def cost(self, work: Callable[[], T]) -> tuple[T, dict[str, float]]:
         """`work`'s result, and how far each counter moved while it ran."""
