@@ -101,6 +101,18 @@ STATUS_OWNED = frozenset({"pods", "nodes", "namespaces", "services", "deployment
 # Built-in kinds whose strategy keeps a `generation` (1 on create, one on for each change of the
 # spec); custom resources all do. Nodes, ConfigMaps, Leases, Events and Namespaces have none.
 GENERATION_TRACKED = frozenset({"pods", "deployments", "daemonsets", "statefulsets", "replicasets", "jobs", "cronjobs"})
+
+
+def _owns_status(crd: crds.Crd | None, plural: str) -> bool:
+    """Whether the kind's status is written through `/status` alone (a CRD that declares it)."""
+    return crd.status_subresource if crd is not None else plural in STATUS_OWNED
+
+
+def _keeps_generation(crd: crds.Crd | None, plural: str) -> bool:
+    """Whether the kind's strategy keeps a `generation` (every custom resource does)."""
+    return crd is not None or plural in GENERATION_TRACKED
+
+
 _ROUTE = re.compile(
     r"^(?P<collection>/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)"
     r"|/apis/[^/]+/[^/]+(?:/namespaces/(?P<ns2>[^/]+))?/(?P<plural2>[a-z]+))"
@@ -316,7 +328,7 @@ class KubeApiServer:
             old = (current or {}).get("metadata") or {}
             metadata.setdefault("uid", old.get("uid") or str(uuid.uuid4()))
             metadata.setdefault("creationTimestamp", old.get("creationTimestamp") or now)
-            if crd is not None or plural in GENERATION_TRACKED:
+            if _keeps_generation(crd, plural):
                 generation = int(old.get("generation") or 0)
                 if current is None or current.get("spec") != obj.get("spec"):
                     generation += 1
@@ -328,8 +340,7 @@ class KubeApiServer:
             # else a create: what was sent, if anything (`rest.BeforeCreate` leaves it)
             writer = (manager, subresource)
             entries = [e for e in old.get("managedFields") or [] if (e.get("manager"), e.get("subresource")) != writer]
-            reset = crd.status_subresource if crd is not None else plural in STATUS_OWNED
-            entry = managed_entry(obj, manager, "Update", now, subresource, reset)
+            entry = managed_entry(obj, manager, "Update", now, subresource, _owns_status(crd, plural))
             metadata["managedFields"] = [*entries, entry]
             metadata["resourceVersion"] = self._next_revision()
             self.objects.setdefault(collection, {})[metadata["name"]] = obj
@@ -603,7 +614,7 @@ class KubeApiServer:
                 return 409, {**exists, "reason": "AlreadyExists"}
             if metadata.get("resourceVersion"):  # as the real storage layer refuses it
                 return 500, status_body(500, "resourceVersion should not be set on objects to be created")
-            kept = () if crd is not None or plural in GENERATION_TRACKED else ("generation",)
+            kept = () if _keeps_generation(crd, plural) else ("generation",)
             for server_field in (*SERVER_FIELDS, *DELETION_FIELDS):  # the server's, whatever was sent
                 if server_field not in kept:
                     metadata.pop(server_field, None)
@@ -646,7 +657,7 @@ class KubeApiServer:
                 payload = {**copy.deepcopy(current), "status": payload.get("status")}
                 if payload["status"] is None:
                     del payload["status"]
-            elif crd.status_subresource if crd is not None else plural in STATUS_OWNED:
+            elif _owns_status(crd, plural):
                 payload.pop("status", None)
                 if "status" in current:
                     payload["status"] = copy.deepcopy(current["status"])
